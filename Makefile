@@ -1,0 +1,57 @@
+# Set-up and entry points. Every target is idempotent: a step whose stamp file
+# exists in $(VENV) is skipped. `make clean-venv` starts over.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Default: the CPU wheel. For a CUDA build: make test TORCH_SPEC="torch==2.13.0 --index-url ..."
+TORCH_SPEC ?= torch==2.13.0
+# fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed is its patched successor.
+FAIRSEQ_SPEC ?= $(shell $(PYTHON) -c 'import sys; print("fairseq-fixed==0.12.3.1" if sys.version_info >= (3, 11) else "fairseq==0.12.2")')
+PYTEST_ARGS ?=
+DEMO_DIR ?= demo_work
+
+.PHONY: test demo bench install clean-venv
+
+$(VENV)/.stamp-venv:
+	@echo "==> [1/5] creating virtualenv $(VENV)"
+	$(PYTHON) -m venv $(VENV)
+	@touch $@
+
+$(VENV)/.stamp-torch: $(VENV)/.stamp-venv
+	@echo "==> [2/5] installing $(TORCH_SPEC)"
+	$(PIP) install $(TORCH_SPEC)
+	$(PY) -c 'import torch; print("torch==" + torch.__version__)' > $(VENV)/torch-constraint.txt
+	@touch $@
+
+$(VENV)/.stamp-build-deps: $(VENV)/.stamp-torch
+	@echo "==> [3/5] installing build dependencies (numpy, cython)"
+	$(PIP) install -c $(VENV)/torch-constraint.txt numpy cython wheel
+	@touch $@
+
+$(VENV)/.stamp-fairseq: $(VENV)/.stamp-build-deps
+	@echo "==> [4/5] installing $(FAIRSEQ_SPEC) (compiles C++ extensions, a few minutes)"
+	$(PIP) install --no-build-isolation -c $(VENV)/torch-constraint.txt $(FAIRSEQ_SPEC)
+	@touch $@
+
+$(VENV)/.stamp-package: $(VENV)/.stamp-fairseq setup.py
+	@echo "==> [5/5] installing fairseq-ext (editable, with test extra)"
+	$(PIP) install --no-build-isolation -c $(VENV)/torch-constraint.txt -e ".[test]"
+	@touch $@
+
+install: $(VENV)/.stamp-package
+
+test: install
+	@echo "==> running the test suite"
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+demo: install
+	@echo "==> running the demo (embedded data set, tiny transformer)"
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/demo.sh $(DEMO_DIR)
+
+bench: install
+	$(PY) bench/bench_decoding.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Pure-PyTorch math: no fairseq imports."""

@@ -1,0 +1,52 @@
+"""Token-level choice rules for candidate decoding: greedy, top-k and nucleus (top-p)
+sampling with temperature. Pure PyTorch, shapes in the docstrings."""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+def filter_logits(logits: Tensor, topk: int = 0, topp: float = 1.0) -> Tensor:
+    """Mask (set to -inf) the logits outside the top-k and the top-p nucleus.
+
+    logits: (N, V) unnormalised or log-probabilities. ``topk <= 0`` and ``topp >= 1``
+    disable the respective filter. The nucleus is the smallest set of most probable
+    tokens whose probability reaches ``topp`` (Holtzman et al., 2020); the most
+    probable token is always kept. Returns a tensor of the same shape.
+    """
+    if topk < 0:
+        raise ValueError(f"topk must be >= 0, got {topk}")
+    if not 0.0 < topp <= 1.0:
+        raise ValueError(f"topp must be in (0, 1], got {topp}")
+    out = logits
+    if 0 < topk < logits.size(-1):
+        kth = torch.topk(out, topk, dim=-1).values[..., -1:]
+        out = out.masked_fill(out < kth, float("-inf"))
+    if topp < 1.0:
+        sorted_logits, order = torch.sort(out, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # mass strictly before each token; a token is dropped once that mass >= topp
+        before = torch.cumsum(probs, dim=-1) - probs
+        drop_sorted = before >= topp
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        out = out.masked_fill(drop, float("-inf"))
+    return out
+
+
+def choose_tokens(
+    logits: Tensor,
+    sample: bool,
+    temperature: float = 1.0,
+    topk: int = 0,
+    topp: float = 1.0,
+    generator: Optional[torch.Generator] = None,
+) -> Tensor:
+    """Pick one token per row of ``logits`` (N, V): argmax, or a draw from
+    softmax(filter(logits) / temperature). Returns (N,) LongTensor."""
+    if not sample:
+        return logits.argmax(dim=-1)
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    filtered = filter_logits(logits.float() / temperature, topk=topk, topp=topp)
+    probs = torch.softmax(filtered, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -1,0 +1,1 @@
+"""fairseq generators of fairseq-ext."""

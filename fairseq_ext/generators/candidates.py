@@ -1,0 +1,258 @@
+"""Batched candidate decoding for fairseq models: the shared decoder that MGS, MRT,
+PG and evaluation call.
+
+Greedy and ancestral sampling (temperature, top-k, top-p) run a lean loop over
+fairseq's incremental decoding: one decoder call per step for all B x n rows,
+finished rows are dropped from the batch by reordering the incremental state
+(so a batch costs what its unfinished rows cost). Beam search delegates to
+fairseq's ``SequenceGenerator``. All strategies return the same ``Candidates``.
+
+Works for encoder-decoder models (``transformer``, ``lstm``, ...) and for
+decoder-only language models continuing a prefix (``transformer_lm``). Dropout
+is off while decoding; the model's train/eval mode is restored afterwards.
+"""
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+from torch import Tensor
+
+from fairseq_ext.core.sampling import choose_tokens
+
+STRATEGIES = ("greedy", "sample", "beam")
+
+
+@dataclass
+class DecodeConfig:
+    """How to decode candidates.
+
+    strategy: ``greedy``, ``sample`` or ``beam``.
+    num_candidates: candidates per input (samples for ``sample``, the n best for
+        ``beam``; must be 1 for ``greedy``).
+    beam_size: beam width for ``beam`` (defaults to num_candidates).
+    temperature, topk, topp: sampling distribution (``sample`` only).
+    max_len_a, max_len_b: maximum length a * src_len + b (as fairseq-generate).
+    max_len_ref_ratio: if set, the maximum length is instead ceil(ratio * the
+        longest reference in the batch) (MGS uses 1.3).
+    """
+
+    strategy: str = "greedy"
+    num_candidates: int = 1
+    beam_size: Optional[int] = None
+    temperature: float = 1.0
+    topk: int = 0
+    topp: float = 1.0
+    max_len_a: float = 0.0
+    max_len_b: int = 200
+    max_len_ref_ratio: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"decoding strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.num_candidates < 1:
+            raise ValueError(f"num_candidates must be >= 1, got {self.num_candidates}")
+        if self.strategy == "greedy" and self.num_candidates != 1:
+            raise ValueError("greedy decoding yields one candidate per input (num_candidates=1)")
+        if self.max_len_ref_ratio is not None and self.max_len_ref_ratio <= 0:
+            raise ValueError(f"max_len_ref_ratio must be > 0, got {self.max_len_ref_ratio}")
+
+
+@dataclass
+class Candidates:
+    """Decoded candidates for a batch of B inputs, n per input, rows grouped by input.
+
+    tokens: (B*n, T) LongTensor, right-padded with ``pad``; EOS included where it
+        was produced; neither the BOS nor a forced prefix is included.
+    lengths: (B*n,) number of tokens in each row (EOS included).
+    scores: (B*n,) sum of log p(y_t | y_<t, x) under the model (temperature 1,
+        no truncation) of the decoded tokens.
+    finished: (B*n,) True where EOS was produced within the length limit.
+    num_per_input: n.
+    """
+
+    tokens: Tensor
+    lengths: Tensor
+    scores: Tensor
+    finished: Tensor
+    num_per_input: int
+
+    @property
+    def source_index(self) -> Tensor:
+        """(B*n,) index of the input each row belongs to."""
+        b = self.tokens.size(0) // self.num_per_input
+        return torch.arange(b, device=self.tokens.device).repeat_interleave(self.num_per_input)
+
+    def as_list(self) -> List[Tensor]:
+        """One 1-D LongTensor per row, without padding."""
+        return [row[:n] for row, n in zip(self.tokens, self.lengths.tolist())]
+
+
+def _is_encoder_decoder(model) -> bool:
+    return getattr(model, "encoder", None) is not None
+
+
+def max_decode_length(model, sample: Dict, cfg: DecodeConfig) -> int:
+    """Maximum number of generated tokens (EOS included) for this batch."""
+    net_input = sample["net_input"]
+    if cfg.max_len_ref_ratio is not None:
+        target = sample.get("target")
+        if target is None:
+            raise ValueError("max_len_ref_ratio needs references (sample['target'])")
+        pad_mask = target.ne(_pad_of(model, sample))
+        longest = int(pad_mask.sum(dim=1).max().item())
+        max_len = int(math.ceil(cfg.max_len_ref_ratio * longest))
+    else:
+        src_len = int(net_input["src_tokens"].size(1))
+        max_len = int(cfg.max_len_a * src_len + cfg.max_len_b)
+    limit = model.max_decoder_positions() - 1 if hasattr(model, "max_decoder_positions") else None
+    if limit is not None and limit > 0:
+        max_len = min(max_len, limit)
+    return max(max_len, 1)
+
+
+def _pad_of(model, sample: Dict) -> int:
+    return getattr(getattr(model, "decoder", model).dictionary, "pad", lambda: 1)()
+
+
+@torch.no_grad()
+def decode_candidates(
+    model,
+    sample: Dict,
+    cfg: DecodeConfig,
+    prefix_tokens: Optional[Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+) -> Candidates:
+    """Decode ``cfg.num_candidates`` candidates for every input in ``sample``.
+
+    model: a fairseq encoder-decoder model or a decoder-only language model.
+    sample: a fairseq batch (``net_input`` with ``src_tokens``/``src_lengths``;
+        ``target`` when ``max_len_ref_ratio`` is used).
+    prefix_tokens: (B, P) tokens forced at the first P steps (right-padded with
+        pad; pad means "free"); required for decoder-only models, for which it is
+        the prompt. Forced tokens are not part of the returned candidates.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        if cfg.strategy == "beam":
+            return _beam(model, sample, cfg, prefix_tokens)
+        return _greedy_or_sample(model, sample, cfg, prefix_tokens, generator)
+    finally:
+        model.train(was_training)
+
+
+def _greedy_or_sample(model, sample, cfg, prefix_tokens, generator) -> Candidates:
+    dictionary = model.decoder.dictionary
+    pad, eos = dictionary.pad(), dictionary.eos()
+    net_input = sample["net_input"]
+    bsz = net_input["src_tokens"].size(0)
+    n = cfg.num_candidates
+    device = net_input["src_tokens"].device
+    if not _is_encoder_decoder(model) and prefix_tokens is None:
+        raise ValueError("a decoder-only model needs prefix_tokens (the prompt) to continue")
+
+    expand = torch.arange(bsz, device=device).repeat_interleave(n)
+    encoder_out = None
+    if _is_encoder_decoder(model):
+        encoder_out = model.encoder.forward_torchscript(net_input)
+        if n > 1:
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, expand)
+    prefix = prefix_tokens.index_select(0, expand) if prefix_tokens is not None else None
+    n_forced = prefix.size(1) if prefix is not None else 0
+    max_len = max_decode_length(model, sample, cfg)
+    total_steps = n_forced + max_len
+
+    rows = bsz * n
+    # history of decoder inputs: BOS (= EOS, as fairseq) then everything fed so far
+    history = torch.full((rows, total_steps + 1), pad, dtype=torch.long, device=device)
+    history[:, 0] = eos
+    out_tokens = torch.full((rows, max_len), pad, dtype=torch.long, device=device)
+    out_len = torch.zeros(rows, dtype=torch.long, device=device)
+    scores = torch.zeros(rows, device=device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    active = torch.arange(rows, device=device)  # original row of each live row
+    incremental_state: Dict[str, Dict[str, Optional[Tensor]]] = torch.jit.annotate(
+        Dict[str, Dict[str, Optional[Tensor]]], {}
+    )
+
+    for step in range(total_steps):
+        inputs = history[active, : step + 1]
+        if encoder_out is not None:
+            decoder_out = model.decoder(inputs, encoder_out=encoder_out, incremental_state=incremental_state)
+        else:
+            decoder_out = model.decoder(inputs, incremental_state=incremental_state)
+        logits = decoder_out[0][:, -1:, :]
+        lprobs = model.get_normalized_probs((logits,) + tuple(decoder_out[1:]), log_probs=True).squeeze(1).float()
+        lprobs[:, pad] = float("-inf")  # padding is never a choice (as in SequenceGenerator)
+
+        free = torch.ones(active.numel(), dtype=torch.bool, device=device)
+        chosen = torch.empty(active.numel(), dtype=torch.long, device=device)
+        if step < n_forced:
+            forced = prefix[active, step]
+            free = forced.eq(pad)
+            chosen[~free] = forced[~free]
+        if free.any():
+            chosen[free] = choose_tokens(
+                lprobs[free],
+                sample=cfg.strategy == "sample",
+                temperature=cfg.temperature,
+                topk=cfg.topk,
+                topp=cfg.topp,
+                generator=generator,
+            )
+        history[active, step + 1] = chosen
+
+        gen_rows = active[free]
+        gen_tok = chosen[free]
+        if gen_rows.numel() > 0:
+            pos = out_len[gen_rows]
+            ok = pos < max_len
+            gen_rows, gen_tok, pos = gen_rows[ok], gen_tok[ok], pos[ok]
+            out_tokens[gen_rows, pos] = gen_tok
+            out_len[gen_rows] += 1
+            scores[gen_rows] += lprobs[free][ok].gather(1, gen_tok.unsqueeze(1)).squeeze(1)
+            finished[gen_rows] |= gen_tok.eq(eos)
+
+        done = finished[active] | out_len[active].ge(max_len)
+        if bool(done.all()):
+            break
+        if bool(done.any()):
+            keep = (~done).nonzero().squeeze(1)
+            active = active[keep]
+            model.decoder.reorder_incremental_state_scripting(incremental_state, keep)
+            if encoder_out is not None:
+                encoder_out = model.encoder.reorder_encoder_out(encoder_out, keep)
+
+    width = max(int(out_len.max().item()), 1) if rows > 0 else 1
+    return Candidates(out_tokens[:, :width], out_len, scores, finished, n)
+
+
+def _beam(model, sample, cfg, prefix_tokens) -> Candidates:
+    from fairseq.sequence_generator import SequenceGenerator
+
+    dictionary = model.decoder.dictionary
+    pad, eos = dictionary.pad(), dictionary.eos()
+    beam = cfg.beam_size or cfg.num_candidates
+    if beam < cfg.num_candidates:
+        raise ValueError(f"beam_size ({beam}) must be >= num_candidates ({cfg.num_candidates})")
+    max_len = max_decode_length(model, sample, cfg)
+    n_forced = prefix_tokens.size(1) if prefix_tokens is not None else 0
+    gen = SequenceGenerator(
+        [model], dictionary, beam_size=beam, max_len_a=0, max_len_b=max_len + n_forced, normalize_scores=True
+    )
+    hypos = gen.generate([model], sample, prefix_tokens=prefix_tokens)
+    rows: List[Tensor] = []
+    scores: List[Tensor] = []
+    for i, nbest in enumerate(hypos):
+        p = int(prefix_tokens[i].ne(pad).sum()) if prefix_tokens is not None else 0
+        for h in nbest[: cfg.num_candidates]:
+            rows.append(h["tokens"][p:])
+            scores.append(h["positional_scores"][p:].sum())
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    width = max(int(lengths.max().item()), 1)
+    tokens = torch.full((len(rows), width), pad, dtype=torch.long)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = r
+    finished = torch.tensor([bool(len(r)) and int(r[-1]) == eos and len(r) <= max_len for r in rows])
+    return Candidates(tokens, lengths, torch.stack(scores), finished, cfg.num_candidates)

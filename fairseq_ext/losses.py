@@ -1,0 +1,133 @@
+"""fairseq adapter for the task losses of ``fairseq_ext.core.task_losses``.
+
+``SequenceCost`` turns decoded token tensors (fairseq dictionary ids) into what a
+core loss takes: detokenized text for ``sbleu`` / ``chrf`` (BPE removed with
+``post_process``, then an optional fairseq tokenizer's ``decode``), dictionary
+symbols for the token-level losses (padding and EOS removed, except for
+``nonterm`` which looks for the EOS).
+
+This module also defines the ``lm`` cost: the negative log-probability of the
+hypothesis under a frozen fairseq scorer, conditional on the source for
+encoder-decoder scorers and on the prefix for language models (MGS paper,
+section 5.1: "LM" task loss).
+"""
+from typing import List, Optional, Sequence
+
+import torch
+from fairseq.data import data_utils
+from torch import Tensor
+
+from fairseq_ext.core.task_losses import TaskLoss, build_task_loss, register_task_loss
+
+
+@register_task_loss("lm")
+class LMScorerCost(TaskLoss):
+    """-sum_t log p_scorer(y_t | y_<t, x) of each hypothesis (``normalize``: per token).
+
+    Called with token-id hypotheses (1-D LongTensors ending in EOS where one was
+    produced) and, as ``sources``, the source sentences (encoder-decoder scorer)
+    or the prefixes (decoder-only scorer). The scorer is put in eval mode and
+    never receives gradients.
+    """
+
+    needs_reference = False
+    needs_source = True
+    input_kind = "tokens"
+
+    def __init__(self, scorer: torch.nn.Module, normalize: bool = False, left_pad_source: bool = True):
+        self.scorer = scorer.eval()
+        for p in self.scorer.parameters():
+            p.requires_grad_(False)
+        self.normalize = normalize
+        self.left_pad_source = left_pad_source
+
+    @classmethod
+    def from_checkpoint(cls, path: str, normalize: bool = False) -> "LMScorerCost":
+        from fairseq import checkpoint_utils
+
+        models, _ = checkpoint_utils.load_model_ensemble([path])
+        return cls(models[0], normalize=normalize)
+
+    @torch.no_grad()
+    def __call__(self, hyps: Sequence[Tensor], refs=None, sources: Optional[Sequence[Tensor]] = None) -> Tensor:
+        if sources is None or len(sources) != len(hyps):
+            raise ValueError("the lm task loss needs one source (or prefix) per hypothesis")
+        decoder = self.scorer.decoder
+        pad, eos = decoder.dictionary.pad(), decoder.dictionary.eos()
+        device = next(self.scorer.parameters()).device
+        hyps = [torch.as_tensor(h, dtype=torch.long).view(-1) for h in hyps]
+        sources = [torch.as_tensor(s, dtype=torch.long).view(-1) for s in sources]
+        if getattr(self.scorer, "encoder", None) is not None:
+            src = data_utils.collate_tokens(sources, pad, eos, left_pad=self.left_pad_source).to(device)
+            src_lengths = torch.tensor([len(s) for s in sources], device=device)
+            target = data_utils.collate_tokens(hyps, pad, eos, left_pad=False).to(device)
+            prev = data_utils.collate_tokens(hyps, pad, eos, left_pad=False, move_eos_to_beginning=True).to(device)
+            out = self.scorer(src, src_lengths, prev)
+        else:
+            # decoder input [eos, prefix, y_1 .. y_{n-1}]; y_t is scored at position |prefix| + t - 1
+            inputs = [torch.cat([h.new([eos]), s, h[:-1]]) for s, h in zip(sources, hyps)]
+            prev = data_utils.collate_tokens(inputs, pad, eos, left_pad=False).to(device)
+            target = torch.full_like(prev, pad)
+            for i, (s, h) in enumerate(zip(sources, hyps)):
+                target[i, len(s) : len(s) + len(h)] = h.to(device)
+            out = self.scorer(prev)
+        lprobs = self.scorer.get_normalized_probs(out, log_probs=True)
+        mask = target.ne(pad)
+        tok_lp = lprobs.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1).masked_fill(~mask, 0.0)
+        costs = -tok_lp.sum(dim=1)
+        if self.normalize:
+            costs = costs / mask.sum(dim=1).clamp(min=1)
+        return costs.float().cpu()
+
+
+class SequenceCost:
+    """Costs of fairseq token tensors under a named task loss.
+
+    name: a registered task loss (``sbleu``, ``chrf``, ``edit``, ``rep``,
+        ``nonterm``, ``hamming``, ``lm``).
+    dictionary: the target dictionary the token ids refer to.
+    post_process: BPE removal for text losses (fairseq's ``--post-process``
+        values: ``sentencepiece``, ``subword_nmt``, ``@@ ``, ...).
+    tokenizer: optional fairseq tokenizer (e.g. moses) whose ``decode`` detokenizes.
+    options: passed to the loss (e.g. ``n=4`` for ``rep``, ``weights`` for
+        ``hamming``, ``scorer`` for ``lm``).
+    """
+
+    def __init__(self, name: str, dictionary, post_process: Optional[str] = None, tokenizer=None, **options):
+        if name == "nonterm":
+            options.setdefault("eos", dictionary[dictionary.eos()])
+        self.loss = build_task_loss(name, **options)
+        self.name = name
+        self.dictionary = dictionary
+        self.post_process = post_process
+        self.tokenizer = tokenizer
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.loss.needs_reference
+
+    def _text(self, tokens: Tensor) -> str:
+        s = self.dictionary.string(tokens.int().cpu(), self.post_process)
+        return self.tokenizer.decode(s) if self.tokenizer is not None else s
+
+    def _symbols(self, tokens: Tensor, keep_eos: bool) -> List[str]:
+        d = self.dictionary
+        drop = {d.pad()} if keep_eos else {d.pad(), d.eos()}
+        return [d[t] for t in tokens.tolist() if t not in drop]
+
+    def __call__(
+        self,
+        hyps: Sequence[Tensor],
+        refs: Optional[Sequence[Tensor]] = None,
+        sources: Optional[Sequence[Tensor]] = None,
+    ) -> Tensor:
+        """hyps, refs, sources: B 1-D LongTensors of dictionary ids. Returns (B,) costs."""
+        if getattr(self.loss, "needs_source", False):
+            return self.loss(hyps, sources=sources)
+        if self.loss.input_kind == "text":
+            h = [self._text(t) for t in hyps]
+            r = [self._text(t) for t in refs] if refs is not None else None
+        else:
+            h = [self._symbols(t, keep_eos=self.name == "nonterm") for t in hyps]
+            r = [self._symbols(t, keep_eos=False) for t in refs] if refs is not None else None
+        return self.loss(h, r)

@@ -1,0 +1,1 @@
+"""fairseq models of fairseq-ext."""

@@ -1,0 +1,2 @@
+"""fairseq tasks (registered on import)."""
+from fairseq_ext.tasks import text_completion  # noqa: F401

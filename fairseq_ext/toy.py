@@ -1,0 +1,160 @@
+"""The embedded default data set and tiny models, shared by the demo, the tests
+and the benchmarks (deterministic from a seed, no download).
+
+The toy language pair is a small synthetic "translation" task with real
+structure: source sentences come from a tiny grammar (determiner, optional
+adjectives, noun, verb, optional object phrase, optional adverb); the target maps
+every word through a fixed bilingual lexicon, puts adjectives after their noun,
+and ends every sentence with a period, so a model must learn lexical choice, local
+reordering and length. Its target side doubles as a language-modeling corpus for
+the ``text_completion`` task.
+
+CLI: ``python -m fairseq_ext.toy OUT_DIR [--train N --valid N --test N --seed S]``
+writes ``OUT_DIR/{train,valid,test}.{src,tgt}`` (one sentence a line) and
+``OUT_DIR/{train,valid,test}.txt`` (the target side, for text completion).
+"""
+import argparse
+import os
+import random
+from typing import List, Sequence, Tuple
+
+_DETS = ["the", "a", "every", "some"]
+_ADJS = ["red", "small", "old", "quiet", "happy", "green", "tall", "cold"]
+_NOUNS = ["cat", "dog", "bird", "house", "river", "child", "tree", "car", "book", "song"]
+_VERBS = ["sees", "likes", "finds", "carries", "follows", "hears", "builds", "sings"]
+_ADVS = ["today", "again", "slowly", "often"]
+
+
+def _lexicon() -> dict:
+    src = _DETS + _ADJS + _NOUNS + _VERBS + _ADVS
+    # target words: deterministic pseudo-words, one per source word
+    syll = ["ka", "lo", "mi", "nu", "re", "sa", "ti", "vo", "ze", "pu", "gi", "ba"]
+    rng = random.Random(1234)
+    out, seen = {}, set()
+    for w in src:
+        while True:
+            t = "".join(rng.choice(syll) for _ in range(rng.choice([1, 2, 2, 3])))
+            if t not in seen:
+                seen.add(t)
+                out[w] = t
+                break
+    return out
+
+
+LEXICON = _lexicon()
+
+
+def _noun_phrase(rng: random.Random) -> Tuple[List[str], List[str]]:
+    det = rng.choice(_DETS)
+    adjs = [rng.choice(_ADJS) for _ in range(rng.choice([0, 0, 1, 1, 2]))]
+    noun = rng.choice(_NOUNS)
+    src = [det] + adjs + [noun]
+    tgt = [LEXICON[det], LEXICON[noun]] + [LEXICON[a] for a in adjs]  # adjectives follow the noun
+    return src, tgt
+
+
+def toy_pair(rng: random.Random) -> Tuple[str, str]:
+    """One (source, target) sentence pair."""
+    s_np, t_np = _noun_phrase(rng)
+    verb = rng.choice(_VERBS)
+    src, tgt = s_np + [verb], t_np + [LEXICON[verb]]
+    if rng.random() < 0.7:
+        o_src, o_tgt = _noun_phrase(rng)
+        src, tgt = src + o_src, tgt + o_tgt
+    if rng.random() < 0.4:
+        adv = rng.choice(_ADVS)
+        src, tgt = src + [adv], [LEXICON[adv]] + tgt  # adverbs move to the front
+    return " ".join(src), " ".join(tgt + ["."])
+
+
+def toy_corpus(n: int, seed: int) -> List[Tuple[str, str]]:
+    rng = random.Random(seed)
+    return [toy_pair(rng) for _ in range(n)]
+
+
+def write_toy_data(out_dir: str, sizes: Sequence[int] = (2000, 200, 200), seed: int = 1) -> str:
+    """Write the toy corpus (see the module docstring); returns ``out_dir``."""
+    os.makedirs(out_dir, exist_ok=True)
+    for i, (split, n) in enumerate(zip(("train", "valid", "test"), sizes)):
+        pairs = toy_corpus(n, seed * 1000 + i)
+        for ext, col in (("src", 0), ("tgt", 1)):
+            with open(os.path.join(out_dir, f"{split}.{ext}"), "w") as f:
+                f.writelines(p[col] + "\n" for p in pairs)
+        with open(os.path.join(out_dir, f"{split}.txt"), "w") as f:
+            f.writelines(p[1] + "\n" for p in pairs)
+    return out_dir
+
+
+def binarize_translation(raw_dir: str, dest_dir: str) -> str:
+    """``fairseq-preprocess`` (in-process) of ``raw_dir/{split}.{src,tgt}`` with a
+    joined dictionary; returns ``dest_dir``."""
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    args = options.get_preprocessing_parser().parse_args(
+        ["--source-lang", "src", "--target-lang", "tgt", "--joined-dictionary", "--workers", "1",
+         "--trainpref", f"{raw_dir}/train", "--validpref", f"{raw_dir}/valid", "--testpref", f"{raw_dir}/test",
+         "--destdir", dest_dir]
+    )
+    preprocess.main(args)
+    return dest_dir
+
+
+def binarize_lines(raw_dir: str, dest_dir: str) -> str:
+    """``fairseq-preprocess --only-source`` of ``raw_dir/{split}.txt``; returns ``dest_dir``."""
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    args = options.get_preprocessing_parser().parse_args(
+        ["--only-source", "--workers", "1", "--trainpref", f"{raw_dir}/train.txt",
+         "--validpref", f"{raw_dir}/valid.txt", "--testpref", f"{raw_dir}/test.txt", "--destdir", dest_dir]
+    )
+    preprocess.main(args)
+    return dest_dir
+
+
+TINY_ARCHS = {
+    "transformer": ["--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1",
+                    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+                    "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
+                    "--decoder-attention-heads", "2"],
+    "lstm": ["--arch", "lstm", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
+             "--decoder-embed-dim", "16", "--encoder-hidden-size", "16", "--decoder-hidden-size", "16",
+             "--decoder-out-embed-dim", "16"],
+    "transformer_lm": ["--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16",
+                       "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2"],
+}
+
+
+def build_task_and_model(data_dir: str, task: str, arch: str, extra=(), seed: int = 1):
+    """Build a fairseq task and a tiny model (``TINY_ARCHS``) from CLI-style args,
+    as ``fairseq-train`` would; returns ``(task, model, args)``."""
+    import torch
+    from fairseq import options, tasks
+
+    import fairseq_ext  # noqa: F401  (registers the project's tasks)
+
+    torch.manual_seed(seed)
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(
+        parser, [data_dir, "--task", task, "--seed", str(seed), "--dropout", "0.1"] + TINY_ARCHS[arch] + list(extra)
+    )
+    fairseq_task = tasks.setup_task(args)
+    model = fairseq_task.build_model(args)
+    return fairseq_task, model, args
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out_dir")
+    p.add_argument("--train", type=int, default=2000)
+    p.add_argument("--valid", type=int, default=200)
+    p.add_argument("--test", type=int, default=200)
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args(argv)
+    write_toy_data(a.out_dir, (a.train, a.valid, a.test), a.seed)
+    print(f"wrote toy data ({a.train}/{a.valid}/{a.test} pairs) to {a.out_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Session-scoped fixtures: the toy data set binarized once, tiny fairseq models,
+and the real corpora directory ($FAIRSEQ_EXT_DATA)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fairseq_ext import toy
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def toy_raw(tmp_path_factory):
+    return toy.write_toy_data(str(tmp_path_factory.mktemp("toy_raw")), sizes=(300, 40, 40), seed=1)
+
+
+@pytest.fixture(scope="session")
+def toy_bin(toy_raw, tmp_path_factory):
+    """Binarized toy translation data (src -> tgt, joined dictionary)."""
+    return toy.binarize_translation(toy_raw, str(tmp_path_factory.mktemp("toy_bin")))
+
+
+@pytest.fixture(scope="session")
+def toy_lm_bin(toy_raw, tmp_path_factory):
+    """Binarized toy target-side lines for text_completion / language modeling."""
+    return toy.binarize_lines(toy_raw, str(tmp_path_factory.mktemp("toy_lm_bin")))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(toy_bin, toy_lm_bin):
+    """Untrained tiny models: {'transformer', 'lstm'} on the translation task and
+    'transformer_lm' on text_completion (context size 3), each as (task, model)."""
+    out = {}
+    for arch in ("transformer", "lstm"):
+        task, model, _ = toy.build_task_and_model(toy_bin, "translation", arch)
+        out[arch] = (task, model)
+    task, model, _ = toy.build_task_and_model(toy_lm_bin, "text_completion", "transformer_lm", ["--context-size", "3"])
+    out["transformer_lm"] = (task, model)
+    return out
+
+
+@pytest.fixture(scope="session")
+def real_data():
+    """$FAIRSEQ_EXT_DATA (the shared real corpora). Missing: an error in CI, a skip elsewhere."""
+    path = os.environ.get("FAIRSEQ_EXT_DATA")
+    if not path or not os.path.isdir(path):
+        msg = (
+            "FAIRSEQ_EXT_DATA is not set to the shared corpora directory "
+            f"(got {path!r}); .ci/run sets it to ../shared/data"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return path
+
+
+def run_cli(args, cwd=None, env=None, timeout=600):
+    """Run a console command with the venv's bin first on PATH; fail with its output."""
+    bindir = os.path.dirname(sys.executable)
+    full_env = dict(os.environ)
+    full_env["PATH"] = bindir + os.pathsep + full_env.get("PATH", "")
+    full_env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    if env:
+        full_env.update(env)
+    proc = subprocess.run(args, cwd=cwd or REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"command failed ({proc.returncode}): {' '.join(args)}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc

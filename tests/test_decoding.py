@@ -1,0 +1,131 @@
+"""Candidate decoding: exact agreement with fairseq's SequenceGenerator, scores equal
+to a teacher-forced forward, sampling limit cases, and mode handling."""
+import math
+
+import pytest
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+
+from fairseq_ext.core.sampling import choose_tokens, filter_logits
+from fairseq_ext.generators.candidates import DecodeConfig, decode_candidates
+from fairseq_ext.tasks.text_completion import prefix_sample
+
+
+def _batch(task, split="valid", n=6):
+    task.load_dataset(split)
+    ds = task.dataset(split)
+    return ds.collater([ds[i] for i in range(n)])
+
+
+def _setup(tiny_models, arch):
+    task, model = tiny_models[arch]
+    sample = _batch(task)
+    prefix = None
+    if arch == "transformer_lm":
+        d = task.dictionary
+        sample = prefix_sample(sample, d.pad(), d.eos())
+        prefix = sample["prefix"]
+    return task, model, sample, prefix
+
+
+def test_filter_logits_hand_values():
+    logits = torch.tensor([[math.log(0.5), math.log(0.3), math.log(0.2)]])
+    inf = float("-inf")
+    assert filter_logits(logits, topp=0.6)[0, 2].item() == inf
+    assert torch.isfinite(filter_logits(logits, topp=0.6)[0, :2]).all()
+    kept = torch.isfinite(filter_logits(logits, topp=0.5)[0])
+    assert kept.tolist() == [True, False, False]
+    assert torch.isfinite(filter_logits(logits, topk=2)[0]).tolist() == [True, True, False]
+    assert torch.equal(filter_logits(logits), logits)
+    with pytest.raises(ValueError, match="topp"):
+        filter_logits(logits, topp=0.0)
+
+
+def test_choose_tokens_topk1_is_argmax():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(50, 11, generator=g)
+    sampled = choose_tokens(logits, sample=True, topk=1, generator=g)
+    assert torch.equal(sampled, logits.argmax(-1))
+
+
+@pytest.mark.parametrize("arch", ["transformer", "lstm", "transformer_lm"])
+def test_greedy_matches_sequence_generator(tiny_models, arch):
+    task, model, sample, prefix = _setup(tiny_models, arch)
+    max_len = 12
+    cand = decode_candidates(model, sample, DecodeConfig(max_len_b=max_len), prefix_tokens=prefix)
+    k = prefix.size(1) if prefix is not None else 0
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=1, max_len_a=0, max_len_b=max_len + k)
+    model.eval()
+    hypos = gen.generate([model], sample, prefix_tokens=prefix)
+    eos = task.target_dictionary.eos()
+    for i, nbest in enumerate(hypos):
+        ref = nbest[0]["tokens"][k:]
+        ref_scores = nbest[0]["positional_scores"][k:]
+        mine = cand.as_list()[i]
+        if not cand.finished[i]:  # SequenceGenerator forces EOS after max_len
+            assert len(mine) == max_len and ref[-1] == eos
+            ref, ref_scores = ref[:-1], ref_scores[:-1]
+        assert torch.equal(mine, ref), (arch, i)
+        assert cand.scores[i].item() == pytest.approx(ref_scores.sum().item(), abs=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["transformer", "lstm"])
+def test_scores_equal_teacher_forced_log_probs(tiny_models, arch):
+    task, model, sample, _ = _setup(tiny_models, arch)
+    cand = decode_candidates(
+        model, sample, DecodeConfig(strategy="sample", num_candidates=3, max_len_b=8), generator=torch.Generator().manual_seed(3)
+    )
+    d = task.target_dictionary
+    rows = cand.as_list()
+    src = sample["net_input"]["src_tokens"].index_select(0, cand.source_index)
+    src_len = sample["net_input"]["src_lengths"].index_select(0, cand.source_index)
+    from fairseq.data import data_utils
+
+    target = data_utils.collate_tokens(rows, d.pad(), d.eos())
+    prev = data_utils.collate_tokens(rows, d.pad(), d.eos(), move_eos_to_beginning=True)
+    if not bool(cand.finished.all()):  # rows without EOS: shift by hand
+        prev = torch.cat([prev.new_full((prev.size(0), 1), d.eos()), target[:, :-1]], dim=1)
+    model.eval()
+    with torch.no_grad():
+        lp = model.get_normalized_probs(model(src, src_len, prev), log_probs=True)
+    tok = lp.gather(-1, target.unsqueeze(-1)).squeeze(-1).masked_fill(target.eq(d.pad()), 0).sum(1)
+    assert torch.allclose(tok, cand.scores, atol=1e-4)
+
+
+def test_sampling_shapes_seed_and_mode_restored(tiny_models):
+    task, model, sample, _ = _setup(tiny_models, "transformer")
+    model.train()
+    cfg = DecodeConfig(strategy="sample", num_candidates=4, topk=5, max_len_b=9)
+    a = decode_candidates(model, sample, cfg, generator=torch.Generator().manual_seed(7))
+    b = decode_candidates(model, sample, cfg, generator=torch.Generator().manual_seed(7))
+    assert model.training, "train mode must be restored after decoding"
+    assert torch.equal(a.tokens, b.tokens), "same seed, dropout off: identical samples"
+    bsz = sample["nsentences"]
+    assert a.tokens.size(0) == bsz * 4 and a.source_index.tolist() == [i for i in range(bsz) for _ in range(4)]
+    assert int(a.lengths.max()) <= 9
+    # padding only after the end
+    for row, n in zip(a.tokens, a.lengths.tolist()):
+        assert row[n:].eq(task.target_dictionary.pad()).all()
+
+
+def test_topk1_sampling_equals_greedy(tiny_models):
+    task, model, sample, prefix = _setup(tiny_models, "transformer_lm")
+    greedy = decode_candidates(model, sample, DecodeConfig(max_len_b=10), prefix_tokens=prefix)
+    s = decode_candidates(model, sample, DecodeConfig(strategy="sample", topk=1, max_len_b=10), prefix_tokens=prefix)
+    assert torch.equal(greedy.tokens, s.tokens)
+
+
+def test_beam_returns_nbest_and_ref_ratio_limit(tiny_models):
+    task, model, sample, _ = _setup(tiny_models, "transformer")
+    cfg = DecodeConfig(strategy="beam", num_candidates=2, beam_size=3, max_len_ref_ratio=1.3)
+    cand = decode_candidates(model, sample, cfg)
+    longest = int(sample["target"].ne(task.target_dictionary.pad()).sum(1).max())
+    assert cand.tokens.size(0) == 2 * sample["nsentences"]
+    assert int(cand.lengths.max()) <= math.ceil(1.3 * longest) + 1  # + the EOS beam search forces
+
+
+def test_bad_config_errors():
+    with pytest.raises(ValueError, match="strategy"):
+        DecodeConfig(strategy="nucleus")
+    with pytest.raises(ValueError, match="greedy"):
+        DecodeConfig(strategy="greedy", num_candidates=2)

@@ -1,0 +1,101 @@
+"""Runs scripts/score.py as a subprocess on hand-written inputs."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "score.py"
+
+# Ids out of order, log noise, a P- line; D- is the detokenized text that gets scored.
+GENERATE_OUTPUT = """\
+2024-01-01 12:00:00 | INFO | fairseq_cli.generate | loading model
+S-1\tsource one
+T-1\tthe cat sat on the mat
+H-1\t-0.50\tthe cat sat on the mat
+D-1\t-0.50\tthe cat sat on the mat
+P-1\t-0.1 -0.2 -0.3 -0.4 -0.5 -0.6 -0.7
+S-0\tsource zero
+T-0\ta x c d
+H-0\t-1.25\ta b c
+D-0\t-1.25\ta b c
+S-2\tsource two
+T-2\tw w w w w
+H-2\t-2.00\tw w w w w w w w
+D-2\t-2.00\tw w w w w w w w
+Generate test with beam=5: BLEU4 = 10.00
+"""
+
+
+def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], input=stdin, capture_output=True, text=True
+    )
+
+
+def test_generate_output_metrics(tmp_path):
+    gen = tmp_path / "gen.out"
+    gen.write_text(GENERATE_OUTPUT)
+    out = tmp_path / "scores.json"
+    proc = run(str(gen), "--max-len", "8", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "corpus BLEU" in proc.stdout and "non-termination" in proc.stdout
+    scores = json.loads(out.read_text())
+    assert scores["n_sentences"] == 3
+    # edit: "a b c" vs "a x c d" = 2/4; exact match 0; 8 w vs 5 w = 3/5
+    assert scores["edit"] == pytest.approx((0.5 + 0.0 + 0.6) / 3, abs=1e-6)
+    # rep-4: 8 "w" give 5 4-grams, 1 unique -> 0.8; the others repeat nothing
+    assert scores["rep4"] == pytest.approx(0.8 / 3, abs=1e-6)
+    # only the 8-token hypothesis reached --max-len 8
+    assert scores["nonterm"] == pytest.approx(1 / 3, abs=1e-6)
+    assert scores["avg_hyp_len"] == pytest.approx((3 + 6 + 8) / 3)
+    assert 0.0 < scores["bleu"] < 100.0
+    assert 0.0 < scores["sentence_bleu"] < 100.0
+
+
+def test_generate_output_from_stdin_without_max_len():
+    proc = run("--json", "-", stdin=GENERATE_OUTPUT)
+    assert proc.returncode == 0, proc.stderr
+    scores = json.loads(proc.stdout)
+    assert scores["nonterm"] is None and scores["n_sentences"] == 3
+
+
+def test_identical_text_files_with_sentencepiece(tmp_path):
+    lines = ["\u2581the \u2581c at \u2581sat", "\u2581a \u2581b \u2581c \u2581d \u2581a \u2581b \u2581c \u2581d"]
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("\n".join(lines) + "\n")
+    ref.write_text("\n".join(lines) + "\n")
+    proc = run("--hyp", str(hyp), "--ref", str(ref), "--bpe-symbol", "sentencepiece", "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    scores = json.loads(proc.stdout)
+    assert scores["bleu"] == pytest.approx(100.0)
+    assert scores["sentence_bleu"] == pytest.approx(100.0)
+    assert scores["edit"] == 0.0
+    assert scores["rep4"] == pytest.approx(0.2 / 2, abs=1e-6)  # "a b c d a b c d": 1 - 4/5
+    assert scores["avg_hyp_len"] == pytest.approx((3 + 8) / 2)  # "c at" was joined into "cat"
+    assert scores["n_sentences"] == 2
+
+
+def test_missing_file_is_named(tmp_path):
+    missing = tmp_path / "nope.out"
+    proc = run(str(missing))
+    assert proc.returncode != 0
+    assert f"{missing}: no such file" in proc.stderr
+
+
+def test_file_without_hypotheses_is_named(tmp_path):
+    gen = tmp_path / "empty.out"
+    gen.write_text("S-0\tsource\nT-0\ttarget\n")
+    proc = run(str(gen))
+    assert proc.returncode != 0
+    assert f"{gen}: no H- lines" in proc.stderr
+
+
+def test_mismatched_line_counts(tmp_path):
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("a b\nc d\n")
+    ref.write_text("a b\n")
+    proc = run("--hyp", str(hyp), "--ref", str(ref))
+    assert proc.returncode != 0
+    assert f"{hyp} has 2 lines but {ref} has 1" in proc.stderr
