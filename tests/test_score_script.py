@@ -62,7 +62,7 @@ def test_generate_output_from_stdin_without_max_len():
 
 
 def test_identical_text_files_with_sentencepiece(tmp_path):
-    lines = ["\u2581the \u2581c at \u2581sat", "\u2581a \u2581b \u2581c \u2581d \u2581a \u2581b \u2581c \u2581d"]
+    lines = ["\u2581the \u2581c at \u2581sat", " ".join("\u2581" + w for w in "abcdabcd")]
     hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
     hyp.write_text("\n".join(lines) + "\n")
     ref.write_text("\n".join(lines) + "\n")

@@ -15,8 +15,9 @@ from fairseq_ext.core.task_losses import (
 )
 
 FAST = settings(max_examples=50, deadline=None)
-words = st.lists(st.sampled_from(["a", "b", "c", "the", "cat", "sat"]), max_size=12)
-nonempty_words = st.lists(st.sampled_from(["a", "b", "c", "the", "cat", "sat"]), min_size=1, max_size=12)
+vocab = st.sampled_from(["a", "b", "c", "the", "cat", "sat"])
+words = st.lists(vocab, max_size=12)
+nonempty_words = st.lists(vocab, min_size=1, max_size=12)
 tags = st.lists(st.sampled_from(["O", "B-PER", "I-PER"]), max_size=10)
 
 
