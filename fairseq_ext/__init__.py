@@ -9,4 +9,6 @@ from fairseq_ext.compat import patch_checkpoint_loading
 patch_checkpoint_loading()
 
 from fairseq_ext import losses  # noqa: E402,F401  (registers the ``lm`` task loss)
+from fairseq_ext import criterions  # noqa: E402,F401
+from fairseq_ext import models  # noqa: E402,F401
 from fairseq_ext import tasks  # noqa: E402,F401

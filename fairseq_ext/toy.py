@@ -6,7 +6,9 @@ structure: source sentences come from a tiny grammar (determiner, optional
 adjectives, noun, verb, optional object phrase, optional adverb); the target maps
 every word through a fixed bilingual lexicon, puts adjectives after their noun,
 and ends every sentence with a period, so a model must learn lexical choice, local
-reordering and length. Its target side doubles as a language-modeling corpus for
+reordering and length. Some nouns have two translations, chosen at random (so
+the task has an entropy floor and BLEU stays below 100, as with real data). Its
+target side doubles as a language-modeling corpus for
 the ``text_completion`` task.
 
 CLI: ``python -m fairseq_ext.toy OUT_DIR [--train N --valid N --test N --seed S]``
@@ -42,6 +44,15 @@ def _lexicon() -> dict:
 
 
 LEXICON = _lexicon()
+# second translations for some nouns, used with probability ALT_PROB
+ALT_LEXICON = {n: LEXICON[n][::-1] + "n" for n in _NOUNS[::3]}
+ALT_PROB = 0.3
+
+
+def _noun(rng: random.Random, noun: str) -> str:
+    if noun in ALT_LEXICON and rng.random() < ALT_PROB:
+        return ALT_LEXICON[noun]
+    return LEXICON[noun]
 
 
 def _noun_phrase(rng: random.Random) -> Tuple[List[str], List[str]]:
@@ -49,7 +60,7 @@ def _noun_phrase(rng: random.Random) -> Tuple[List[str], List[str]]:
     adjs = [rng.choice(_ADJS) for _ in range(rng.choice([0, 0, 1, 1, 2]))]
     noun = rng.choice(_NOUNS)
     src = [det] + adjs + [noun]
-    tgt = [LEXICON[det], LEXICON[noun]] + [LEXICON[a] for a in adjs]  # adjectives follow the noun
+    tgt = [LEXICON[det], _noun(rng, noun)] + [LEXICON[a] for a in adjs]  # adjectives follow the noun
     return src, tgt
 
 

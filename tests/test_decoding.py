@@ -48,16 +48,39 @@ def test_choose_tokens_topk1_is_argmax():
     assert torch.equal(sampled, logits.argmax(-1))
 
 
-@pytest.mark.parametrize("arch", ["transformer", "lstm", "transformer_lm"])
-def test_greedy_matches_sequence_generator(tiny_models, arch):
+def _output_layer(model):
+    dec = model.decoder
+    return getattr(dec, "output_projection", None) or dec.fc_out
+
+
+@pytest.mark.parametrize(
+    "arch,min_len",
+    [("transformer", 1), ("transformer", 0), ("lstm", 1), ("lstm", 0), ("transformer_lm", 0)],
+)
+@pytest.mark.parametrize("eos_bias", [0.0, 3.0])
+def test_greedy_matches_sequence_generator(tiny_models, arch, min_len, eos_bias):
+    """Row by row identical tokens and scores. A forward hook raises the EOS logit
+    so that rows also end early, at different steps. (For a decoder-only model
+    SequenceGenerator counts the prompt towards min_len, we count generated tokens
+    only, so the LM case is compared with min_len=0.)"""
     task, model, sample, prefix = _setup(tiny_models, arch)
-    max_len = 12
-    cand = decode_candidates(model, sample, DecodeConfig(max_len_b=max_len), prefix_tokens=prefix)
-    k = prefix.size(1) if prefix is not None else 0
-    gen = SequenceGenerator([model], task.target_dictionary, beam_size=1, max_len_a=0, max_len_b=max_len + k)
-    model.eval()
-    hypos = gen.generate([model], sample, prefix_tokens=prefix)
     eos = task.target_dictionary.eos()
+    handle = _output_layer(model).register_forward_hook(
+        lambda m, i, out: out.index_add(-1, torch.tensor([eos]), torch.full(out.shape[:-1] + (1,), eos_bias))
+    )
+    try:
+        max_len = 12
+        cand = decode_candidates(model, sample, DecodeConfig(max_len_b=max_len, min_len=min_len), prefix_tokens=prefix)
+        k = prefix.size(1) if prefix is not None else 0
+        gen = SequenceGenerator(
+            [model], task.target_dictionary, beam_size=1, max_len_a=0, max_len_b=max_len + k, min_len=min_len
+        )
+        model.eval()
+        hypos = gen.generate([model], sample, prefix_tokens=prefix)
+    finally:
+        handle.remove()
+    if eos_bias > 0:
+        assert bool(cand.finished.any()), "the EOS bias should end some rows early"
     for i, nbest in enumerate(hypos):
         ref = nbest[0]["tokens"][k:]
         ref_scores = nbest[0]["positional_scores"][k:]
@@ -67,6 +90,21 @@ def test_greedy_matches_sequence_generator(tiny_models, arch):
             ref, ref_scores = ref[:-1], ref_scores[:-1]
         assert torch.equal(mine, ref), (arch, i)
         assert cand.scores[i].item() == pytest.approx(ref_scores.sum().item(), abs=1e-4)
+
+
+def test_min_len_bans_early_eos(tiny_models):
+    task, model, sample, _ = _setup(tiny_models, "transformer")
+    eos = task.target_dictionary.eos()
+    handle = _output_layer(model).register_forward_hook(
+        lambda m, i, out: out.index_add(-1, torch.tensor([eos]), torch.full(out.shape[:-1] + (1,), 50.0))
+    )
+    try:
+        free = decode_candidates(model, sample, DecodeConfig(max_len_b=10, min_len=0))
+        banned = decode_candidates(model, sample, DecodeConfig(max_len_b=10, min_len=3))
+    finally:
+        handle.remove()
+    assert free.lengths.tolist() == [1] * sample["nsentences"]  # EOS alone
+    assert banned.lengths.tolist() == [4] * sample["nsentences"]  # 3 tokens, then EOS
 
 
 @pytest.mark.parametrize("arch", ["transformer", "lstm"])

@@ -1,1 +1,2 @@
-"""fairseq criterions of fairseq-ext."""
+"""fairseq criterions of fairseq-ext (registered on import)."""
+from fairseq_ext.criterions import mgs  # noqa: F401

@@ -32,6 +32,8 @@ class DecodeConfig:
         ``beam``; must be 1 for ``greedy``).
     beam_size: beam width for ``beam`` (defaults to num_candidates).
     temperature, topk, topp: sampling distribution (``sample`` only).
+    min_len: EOS is banned until this many tokens were generated (1, as
+        fairseq-generate: no empty candidates; 0 allows them).
     max_len_a, max_len_b: maximum length a * src_len + b (as fairseq-generate).
     max_len_ref_ratio: if set, the maximum length is instead ceil(ratio * the
         longest reference in the batch) (MGS uses 1.3).
@@ -43,6 +45,7 @@ class DecodeConfig:
     temperature: float = 1.0
     topk: int = 0
     topp: float = 1.0
+    min_len: int = 1
     max_len_a: float = 0.0
     max_len_b: int = 200
     max_len_ref_ratio: Optional[float] = None
@@ -54,6 +57,8 @@ class DecodeConfig:
             raise ValueError(f"num_candidates must be >= 1, got {self.num_candidates}")
         if self.strategy == "greedy" and self.num_candidates != 1:
             raise ValueError("greedy decoding yields one candidate per input (num_candidates=1)")
+        if self.min_len < 0:
+            raise ValueError(f"min_len must be >= 0, got {self.min_len}")
         if self.max_len_ref_ratio is not None and self.max_len_ref_ratio <= 0:
             raise ValueError(f"max_len_ref_ratio must be > 0, got {self.max_len_ref_ratio}")
 
@@ -185,6 +190,9 @@ def _greedy_or_sample(model, sample, cfg, prefix_tokens, generator) -> Candidate
         logits = decoder_out[0][:, -1:, :]
         lprobs = model.get_normalized_probs((logits,) + tuple(decoder_out[1:]), log_probs=True).squeeze(1).float()
         lprobs[:, pad] = float("-inf")  # padding is never a choice (as in SequenceGenerator)
+        too_short = out_len[active] < cfg.min_len
+        if bool(too_short.any()):
+            lprobs[too_short, eos] = float("-inf")
 
         free = torch.ones(active.numel(), dtype=torch.bool, device=device)
         chosen = torch.empty(active.numel(), dtype=torch.long, device=device)
@@ -239,7 +247,8 @@ def _beam(model, sample, cfg, prefix_tokens) -> Candidates:
     max_len = max_decode_length(model, sample, cfg)
     n_forced = prefix_tokens.size(1) if prefix_tokens is not None else 0
     gen = SequenceGenerator(
-        [model], dictionary, beam_size=beam, max_len_a=0, max_len_b=max_len + n_forced, normalize_scores=True
+        [model], dictionary, beam_size=beam, max_len_a=0, max_len_b=max_len + n_forced, min_len=cfg.min_len,
+        normalize_scores=True,
     )
     hypos = gen.generate([model], sample, prefix_tokens=prefix_tokens)
     rows: List[Tensor] = []

@@ -1,0 +1,240 @@
+"""MLE-guided parameter search (MGS), Welleck & Cho: the parameter-space math.
+
+Pure PyTorch over a list of parameter tensors; no fairseq import.
+
+One MGS update (Algorithm 1): given the MLE gradient g (clipped, eq. in A.4),
+draw K directions from the proposal (eq. 4; the MLE component is centred on the
+descent direction -g, as in the published implementation)
+
+    q(Delta) = pi N(Delta | 0, sigma^2) + (1 - pi) N(Delta | -g, sigma^2),
+
+weight them by self-normalised importance sampling (eq. 2-3, A.1)
+
+    w_k = softmax_k( alpha (C(theta) - C(theta + Delta_k)) - log q(Delta_k) ),
+
+and return Delta = sum_k w_k Delta_k.
+
+Memory: candidates are never materialised together. Each Delta_k is a
+deterministic function of (seed, k, tensor index): the mixture component comes
+from a per-(seed, k) generator, the Gaussian noise of tensor i from a
+per-(seed, k, i) generator. ``ParameterSearch.perturbed(k)`` adds Delta_k to the
+parameters in place, one tensor at a time, and restores them bitwise from a single
+backup copy; ``direction`` regenerates every Delta_k tensor by tensor. Extra
+memory is one copy of the parameters (the backup) plus one tensor, whatever K.
+Workers that share the seed draw identical directions.
+"""
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+PROPOSALS = ("mixture", "zero", "mle")
+IMPORTANCE = ("unit", "exact", "none")
+NOISE_SCALES = ("per_tensor", "global", "absolute")
+_LOG_2PI = math.log(2 * math.pi)
+_MASK63 = (1 << 63) - 1
+
+
+@dataclass
+class ProposalConfig:
+    """The proposal q and the importance density (see the module docstring).
+
+    num_candidates: K.
+    mixture: pi, probability of the zero-mean component (sampled per candidate).
+    alternate: instead of sampling, candidate k uses the zero-mean component for
+        even k and the MLE component for odd k (the published code's alternation).
+    proposal: ``mixture``, or only the ``zero``-mean or only the ``mle`` component
+        (the ablation of Table 7).
+    noise: the noise level; sigma per tensor w = noise * mean|g_w| (``per_tensor``,
+        A.4), one sigma = noise * mean|g| over all parameters (``global``), or
+        sigma = noise (``absolute``).
+    importance: the density used for log q: ``exact`` (the mixture with the true
+        sigmas), ``unit`` (unit variance, as in the published code), or ``none``
+        (log q = 0: a reward-weighted average).
+    """
+
+    num_candidates: int = 4
+    mixture: float = 0.5
+    alternate: bool = False
+    proposal: str = "mixture"
+    noise: float = 1.0
+    noise_scale: str = "per_tensor"
+    importance: str = "unit"
+
+    def __post_init__(self) -> None:
+        if self.num_candidates < 1:
+            raise ValueError(f"--mgs-candidates must be >= 1, got {self.num_candidates}")
+        if not 0.0 <= self.mixture <= 1.0:
+            raise ValueError(f"--mgs-mixture must be in [0, 1], got {self.mixture}")
+        if self.proposal not in PROPOSALS:
+            raise ValueError(f"--mgs-proposal must be one of {PROPOSALS}, got {self.proposal!r}")
+        if self.importance not in IMPORTANCE:
+            raise ValueError(f"--mgs-importance must be one of {IMPORTANCE}, got {self.importance!r}")
+        if self.noise_scale not in NOISE_SCALES:
+            raise ValueError(f"--mgs-noise-scale must be one of {NOISE_SCALES}, got {self.noise_scale!r}")
+        if not self.noise > 0:
+            raise ValueError(f"--mgs-noise must be > 0, got {self.noise}")
+
+    @property
+    def pi(self) -> float:
+        """Effective weight of the zero-mean component in q."""
+        return {"mixture": self.mixture, "zero": 1.0, "mle": 0.0}[self.proposal]
+
+
+def mix_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (splitmix64-style mixing; deterministic across runs)."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h ^= (int(p) + 0x9E3779B97F4A7C15 + ((h << 6) & _MASK63) + (h >> 2)) & _MASK63
+        h = (h * 0xBF58476D1CE4E5B9) & _MASK63
+        h ^= h >> 31
+    return h & _MASK63
+
+
+def noise_scales(grads: Sequence[Tensor], noise: float, mode: str) -> List[float]:
+    """sigma per tensor: noise * mean|g_w| (per_tensor), noise * mean|g| (global) or noise."""
+    if mode == "absolute":
+        return [float(noise)] * len(grads)
+    if mode == "global":
+        total = sum(float(g.abs().sum()) for g in grads)
+        count = sum(g.numel() for g in grads)
+        return [noise * total / max(count, 1)] * len(grads)
+    return [noise * float(g.abs().mean()) if g.numel() else 0.0 for g in grads]
+
+
+def clip_grad_(grads: Sequence[Tensor], max_norm: float) -> float:
+    """Scale ``grads`` in place to L2 norm <= max_norm (<= 0: no clipping); returns the norm before."""
+    norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads))
+    if max_norm > 0 and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for g in grads:
+            g.mul_(scale)
+    return norm
+
+
+def mgs_weights(c0: float, costs: Tensor, log_q: Tensor, alpha: float) -> Tensor:
+    """w = softmax(alpha (C(theta) - C(theta + Delta_k)) - log q(Delta_k)) (eq. 3, A.1), in log space.
+
+    costs, log_q: (K,). Returns (K,) float64 weights summing to 1.
+    """
+    logits = alpha * (c0 - costs.double()) - log_q.double()
+    return torch.softmax(logits, dim=0)
+
+
+def gaussian_log_density(sq_dist: float, numel: int, sigma: float) -> float:
+    """log N(x | mu, sigma^2 I) in ``numel`` dimensions, given ||x - mu||^2."""
+    if sigma <= 0:
+        return 0.0
+    return -0.5 * sq_dist / sigma**2 - numel * (math.log(sigma) + 0.5 * _LOG_2PI)
+
+
+def mixture_log_q(log_n_zero: float, log_n_mle: float, pi: float) -> float:
+    """log(pi N_zero + (1 - pi) N_mle) with empty components dropped, by logsumexp."""
+    terms = []
+    if pi > 0:
+        terms.append(math.log(pi) + log_n_zero)
+    if pi < 1:
+        terms.append(math.log1p(-pi) + log_n_mle)
+    return float(torch.logsumexp(torch.tensor(terms, dtype=torch.float64), dim=0))
+
+
+class ParameterSearch:
+    """Candidate directions for one MGS update over ``params`` (see module docstring).
+
+    params: the parameters theta (modified in place by ``perturbed`` and restored).
+    grads: the (clipped) MLE gradient g, one tensor per parameter.
+    cfg: the proposal; seed: one per update (and micro-batch), shared by all workers.
+    """
+
+    def __init__(self, params: Sequence[Tensor], grads: Sequence[Tensor], cfg: ProposalConfig, seed: int):
+        self.params = list(params)
+        self.grads = [g.detach() for g in grads]
+        self.cfg = cfg
+        self.seed = seed
+        self.sigmas = noise_scales(self.grads, cfg.noise, cfg.noise_scale)
+        self.is_mle = [self._component(k) for k in range(cfg.num_candidates)]
+        self._backup: Optional[List[Tensor]] = None
+
+    def _component(self, k: int) -> bool:
+        """True if candidate k is drawn from the MLE component."""
+        if self.cfg.proposal != "mixture":
+            return self.cfg.proposal == "mle"
+        if self.cfg.alternate:
+            return k % 2 == 1
+        g = torch.Generator().manual_seed(mix_seed(self.seed, k, 0x6D6978))
+        return bool(torch.rand((), generator=g) >= self.cfg.mixture)
+
+    def piece(self, k: int, i: int) -> Tensor:
+        """Delta_k restricted to tensor i: -g_i [MLE component] + sigma_i * eps, eps ~ N(0, I)."""
+        p, g = self.params[i], self.grads[i]
+        gen = torch.Generator(device=p.device).manual_seed(mix_seed(self.seed, k, i))
+        eps = torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32).to(p.dtype)
+        delta = eps.mul_(self.sigmas[i])
+        if self.is_mle[k]:
+            delta.sub_(g.to(delta.dtype))
+        return delta
+
+    def _log_q_terms(self, i: int, delta: Tensor) -> tuple:
+        """(log N_zero, log N_mle) contributions of tensor i under ``cfg.importance``."""
+        d = delta.double()
+        sigma = self.sigmas[i] if self.cfg.importance == "exact" else 1.0
+        zero = gaussian_log_density(float(d.pow(2).sum()), d.numel(), sigma)
+        mle = gaussian_log_density(float((d + self.grads[i].double()).pow(2).sum()), d.numel(), sigma)
+        return zero, mle
+
+    @contextlib.contextmanager
+    def perturbed(self, k: int) -> Iterator[dict]:
+        """theta <- theta + Delta_k inside the block, restored bitwise afterwards.
+
+        Yields {"log_q": log q(Delta_k) under ``cfg.importance``, "norm": ||Delta_k||}.
+        The backup of theta is made once per update and reused by every candidate.
+        """
+        if self._backup is None:
+            self._backup = [p.detach().clone() for p in self.params]
+        logn_zero, logn_mle, sq_norm = 0.0, 0.0, 0.0
+        try:
+            with torch.no_grad():
+                for i, p in enumerate(self.params):
+                    delta = self.piece(k, i)
+                    sq_norm += float(delta.double().pow(2).sum())
+                    if self.cfg.importance != "none":
+                        z, m = self._log_q_terms(i, delta)
+                        logn_zero, logn_mle = logn_zero + z, logn_mle + m
+                    p.add_(delta)
+                    del delta
+            log_q = 0.0 if self.cfg.importance == "none" else mixture_log_q(logn_zero, logn_mle, self.cfg.pi)
+            yield {"log_q": log_q, "norm": math.sqrt(sq_norm)}
+        finally:
+            with torch.no_grad():
+                for p, b in zip(self.params, self._backup):
+                    p.copy_(b)
+
+    def direction(self, weights: Tensor) -> List[Tensor]:
+        """Delta = sum_k w_k Delta_k, tensor by tensor (weights: (K,)). Frees the backup."""
+        self._backup = None
+        out = []
+        for i, p in enumerate(self.params):
+            acc = torch.zeros_like(p)
+            for k in range(self.cfg.num_candidates):
+                w = float(weights[k])
+                if w != 0.0:
+                    acc.add_(self.piece(k, i), alpha=w)
+            out.append(acc)
+        return out
+
+
+def weight_stats(weights: Tensor, is_mle: Sequence[bool]) -> dict:
+    """Diagnostics of Figures 2, 3, 6, 7: entropy, std, total MLE-component weight,
+    whether the top candidate came from the MLE component."""
+    w = weights.double()
+    ent = float(-(w * torch.log(w.clamp_min(1e-300))).sum())
+    mle_mask = torch.tensor(list(is_mle), dtype=torch.bool)
+    return {
+        "weight_entropy": ent,
+        "weight_std": float(w.std(unbiased=False)),
+        "mle_weight": float(w[mle_mask].sum()) if bool(mle_mask.any()) else 0.0,
+        "top_is_mle": float(bool(is_mle[int(w.argmax())])),
+    }

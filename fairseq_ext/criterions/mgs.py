@@ -1,0 +1,254 @@
+"""``--criterion mgs``: MLE-guided parameter search (Welleck & Cho, Algorithm 1).
+
+A thin fairseq adapter around ``fairseq_ext.core.mgs``. Each training step:
+decode the batch with theta and compute the pooled task loss C(theta); compute
+the MLE gradient g (per-token NLL pooled over workers, clipped to
+``--mgs-mle-clip``); for k = 1..K perturb theta in place by Delta_k ~ q (eq. 4),
+decode, compute C(theta + Delta_k), restore theta bitwise; weight the candidates
+(eq. 3) and hand -Delta to fairseq's optimizer as the gradient. The returned loss
+is the surrogate sum_p <p, -Delta_p>, whose gradient is exactly -Delta, so
+``--optimizer``, ``--lr-scheduler``, ``--clip-norm``, ``--update-freq`` (the
+micro-batch directions are averaged), checkpointing and data parallelism are
+fairseq's own. The sample size is 1 per micro-batch and worker.
+
+Validation computes the MLE loss and the task losses of greedy decodes, so
+``--best-checkpoint-metric task_loss`` selects on the task loss.
+"""
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from fairseq import metrics, utils
+from fairseq.criterions import FairseqCriterion, register_criterion
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from omegaconf import II
+
+from fairseq_ext.core.mgs import IMPORTANCE, NOISE_SCALES, PROPOSALS, ParameterSearch, ProposalConfig
+from fairseq_ext.core.mgs import clip_grad_, mgs_weights, mix_seed, weight_stats
+from fairseq_ext.core.task_losses import pooled_mean
+from fairseq_ext.generators.candidates import DecodeConfig
+from fairseq_ext.sequence_level import BatchScorer, unwrap
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class MGSConfig(FairseqDataclass):
+    mgs_candidates: int = field(default=4, metadata={"help": "K, candidate directions per update"})
+    mgs_mixture: float = field(default=0.5, metadata={"help": "pi, probability of the zero-mean component (eq. 4)"})
+    mgs_alternate: bool = field(
+        default=False, metadata={"help": "alternate the components (even k: zero-mean, odd k: MLE) instead of sampling"}
+    )
+    mgs_proposal: ChoiceEnum(PROPOSALS) = field(
+        default="mixture", metadata={"help": "proposal: the mixture, or only its zero / MLE component (Table 7)"}
+    )
+    mgs_noise: float = field(default=1.0, metadata={"help": "noise level: sigma = noise x mean|g| (see --mgs-noise-scale)"})
+    mgs_noise_scale: ChoiceEnum(NOISE_SCALES) = field(
+        default="per_tensor",
+        metadata={"help": "sigma per weight tensor (noise x mean|g_w|, A.4), one global sigma, or absolute (sigma = noise)"},
+    )
+    mgs_importance: ChoiceEnum(IMPORTANCE) = field(
+        default="unit",
+        metadata={"help": "density for log q: unit variance (published code), exact sigmas, or none (reward-weighted)"},
+    )
+    mgs_alpha: float = field(default=1.0, metadata={"help": "alpha, temperature of the candidate weights (eq. 2)"})
+    mgs_task_loss: str = field(
+        default="sbleu", metadata={"help": "task loss C: a registered cost or a weighted sum, e.g. 'edit=1,rep=0.5'"}
+    )
+    mgs_decoder: ChoiceEnum(["greedy", "beam", "sample"]) = field(
+        default="greedy", metadata={"help": "decoding algorithm F used to compute C"}
+    )
+    mgs_beam: int = field(default=4, metadata={"help": "beam size when --mgs-decoder beam"})
+    mgs_max_len_ratio: float = field(
+        default=1.3, metadata={"help": "maximum decoding length: this times the longest reference in the batch"}
+    )
+    mgs_mle_clip: float = field(default=1.0, metadata={"help": "clip the MLE gradient to this L2 norm (<= 0: off)"})
+    mgs_score_model: Optional[str] = field(
+        default=None, metadata={"help": "checkpoint scoring the lm cost (default: frozen copy of the starting model)"}
+    )
+    mgs_post_process: Optional[str] = field(
+        default=None, metadata={"help": "BPE removal before text costs (sentencepiece, subword_nmt, ...)"}
+    )
+    seed: int = II("common.seed")
+
+
+def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t
+
+
+@register_criterion("mgs", dataclass=MGSConfig)
+class MGSCriterion(FairseqCriterion):
+    def __init__(self, task, mgs_candidates=4, mgs_mixture=0.5, mgs_alternate=False, mgs_proposal="mixture",
+                 mgs_noise=1.0, mgs_noise_scale="per_tensor", mgs_importance="unit", mgs_alpha=1.0,
+                 mgs_task_loss="sbleu", mgs_decoder="greedy", mgs_beam=4, mgs_max_len_ratio=1.3, mgs_mle_clip=1.0,
+                 mgs_score_model=None, mgs_post_process=None, seed=1):
+        super().__init__(task)
+        if not mgs_alpha > 0:
+            raise ValueError(f"--mgs-alpha must be > 0, got {mgs_alpha}")
+        if not mgs_max_len_ratio > 0:
+            raise ValueError(f"--mgs-max-len-ratio must be > 0, got {mgs_max_len_ratio}")
+        self.proposal = ProposalConfig(
+            num_candidates=mgs_candidates, mixture=mgs_mixture, alternate=mgs_alternate, proposal=str(mgs_proposal),
+            noise=mgs_noise, noise_scale=str(mgs_noise_scale), importance=str(mgs_importance),
+        )
+        self.alpha = mgs_alpha
+        self.mle_clip = mgs_mle_clip
+        self.scorer = BatchScorer(task, mgs_task_loss, post_process=mgs_post_process, score_model=mgs_score_model)
+        decoder = str(mgs_decoder)
+        self.decode_cfg = DecodeConfig(
+            strategy=decoder, beam_size=mgs_beam if decoder == "beam" else None, max_len_ref_ratio=mgs_max_len_ratio
+        )
+        self.greedy_cfg = DecodeConfig(max_len_ref_ratio=mgs_max_len_ratio)
+        self.seed = seed
+        self._update_key = (None, 0)
+
+    # ---------------------------------------------------------------- helpers
+    def _step_seed(self) -> int:
+        """One seed per (update, micro-batch), identical on all workers and after resuming."""
+        meter = metrics.get_meter("default", "num_updates")
+        num_updates = int(meter.val) if meter is not None else 0
+        last, micro = self._update_key
+        micro = micro + 1 if last == num_updates else 0
+        self._update_key = (num_updates, micro)
+        return mix_seed(self.seed, num_updates, micro)
+
+    def _pooled_cost(self, model, sample, cfg, generator=None):
+        """C(theta) = mean per-sequence task loss, pooled over workers; and the per-cost means."""
+        cand, batch = self.scorer.decode(model, sample, cfg, generator=generator)
+        total, per_name = self.scorer.score(cand, batch)
+        return pooled_mean(total), cand, per_name
+
+    def _mle_gradient(self, module, sample):
+        """(params, g: the per-token NLL gradient pooled over workers, this worker's summed NLL and ntokens)."""
+        params = [p for p in module.parameters() if p.requires_grad]
+        net_output = module(**sample["net_input"])
+        lprobs = module.get_normalized_probs(net_output, log_probs=True)
+        target = module.get_targets(sample, net_output)
+        nll = torch.nn.functional.nll_loss(
+            lprobs.view(-1, lprobs.size(-1)), target.view(-1), ignore_index=self.padding_idx, reduction="sum"
+        )
+        grads = torch.autograd.grad(nll, params, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)]
+        local_ntokens = float(target.ne(self.padding_idx).sum())
+        ntokens = _all_reduce_sum(torch.tensor(local_ntokens, dtype=torch.float64))
+        for g in grads:
+            _all_reduce_sum(g)
+            g.div_(max(float(ntokens), 1.0))
+        return params, grads, float(nll.detach()), local_ntokens
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, model, sample, reduce=True):
+        if not model.training:
+            return self._validate(model, sample)
+        module = unwrap(model)
+        self.scorer.ensure_lm_scorer(module)
+        seed = self._step_seed()
+        gen = torch.Generator().manual_seed(mix_seed(seed, 0x5EED)) if self.decode_cfg.strategy == "sample" else None
+        c0, _, _ = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
+        params, grads, nll_sum, ntokens = self._mle_gradient(module, sample)
+        grad_norm = clip_grad_(grads, self.mle_clip)
+
+        search = ParameterSearch(params, grads, self.proposal, seed)
+        costs, log_qs, norms = [], [], []
+        for k in range(self.proposal.num_candidates):
+            with search.perturbed(k) as info:
+                gen = torch.Generator().manual_seed(mix_seed(seed, 0x5EED)) if gen is not None else None
+                ck, _, _ = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
+            costs.append(float(ck))
+            log_qs.append(info["log_q"])
+            norms.append(info["norm"])
+        costs_t = torch.tensor(costs, dtype=torch.float64)
+        log_q_t = torch.tensor(log_qs, dtype=torch.float64)
+
+        finite = bool(torch.isfinite(costs_t).all()) and math.isfinite(float(c0)) and bool(torch.isfinite(log_q_t).all())
+        if finite:
+            weights = mgs_weights(float(c0), costs_t, log_q_t, self.alpha)
+            finite = bool(torch.isfinite(weights).all())
+        if finite:
+            direction = search.direction(weights)
+            surrogate = sum((p * (-d)).sum() for p, d in zip(params, direction))
+            stats = weight_stats(weights, search.is_mle)
+        else:
+            logger.warning(f"mgs: non-finite task loss or weight (C(theta)={float(c0)}, candidates={costs}); update skipped")
+            search.direction(torch.zeros(self.proposal.num_candidates))  # frees the backup
+            surrogate = sum((p * 0.0).sum() for p in params)
+            stats = {"weight_entropy": 0.0, "weight_std": 0.0, "mle_weight": 0.0, "top_is_mle": 0.0}
+
+        logging_output = {
+            "loss": float(c0),
+            "nll_loss": nll_sum,
+            "ntokens": ntokens,
+            "nsentences": sample["nsentences"],
+            "sample_size": 1,
+            "mgs_count": 1,
+            "mgs_cand_mean": float(costs_t.mean()),
+            "mgs_cand_best": float(costs_t.min()),
+            "mgs_mle_grad_norm": grad_norm,
+            "mgs_cand_norm": sum(norms) / len(norms),
+            "mgs_logq_std": float(log_q_t.std(unbiased=False)),
+            "mgs_skipped": 0.0 if finite else 1.0,
+        }
+        logging_output.update({f"mgs_{k}": v for k, v in stats.items()})
+        return surrogate, 1, logging_output
+
+    def _validate(self, model, sample):
+        module = unwrap(model)
+        self.scorer.ensure_lm_scorer(module)
+        with torch.no_grad():
+            net_output = module(**sample["net_input"])
+            lprobs = module.get_normalized_probs(net_output, log_probs=True)
+            target = module.get_targets(sample, net_output)
+            nll = torch.nn.functional.nll_loss(
+                lprobs.view(-1, lprobs.size(-1)), target.view(-1), ignore_index=self.padding_idx, reduction="sum"
+            )
+        cand, batch = self.scorer.decode(module, sample, self.greedy_cfg)
+        total, per_name = self.scorer.score(cand, batch)
+        ntokens = int(target.ne(self.padding_idx).sum())
+        logging_output = {
+            "loss": float(nll), "nll_loss": float(nll), "ntokens": ntokens, "nsentences": sample["nsentences"],
+            "sample_size": ntokens, "valid_task_loss_sum": float(total.sum()),
+            "valid_len_sum": float(cand.lengths.sum()), "valid_nonterm_sum": float((~cand.finished).sum()),
+        }
+        for name, c in per_name.items():
+            logging_output[f"valid_cost_{name}_sum"] = float(c.sum())
+        return nll, ntokens, logging_output
+
+    # ---------------------------------------------------------------- metrics
+    @staticmethod
+    def reduce_metrics(logging_outputs) -> None:
+        def total(key):
+            return sum(log.get(key, 0) for log in logging_outputs)
+
+        nsent = total("nsentences")
+        ntok = total("ntokens")
+        count = total("mgs_count")
+        if count > 0:  # training
+            metrics.log_scalar("loss", total("loss") / count, count, round=4)
+            if ntok > 0:
+                metrics.log_scalar("nll_loss", total("nll_loss") / ntok / math.log(2), ntok, round=3)
+            for key in ("cand_mean", "cand_best", "weight_entropy", "weight_std", "mle_weight", "top_is_mle",
+                        "mle_grad_norm", "cand_norm", "logq_std", "skipped"):
+                metrics.log_scalar(f"mgs_{key}", total(f"mgs_{key}") / count, count, round=4)
+            return
+        # validation: MLE loss in base 2 per token (fairseq convention) and the greedy task losses
+        if ntok > 0:
+            metrics.log_scalar("loss", total("loss") / ntok / math.log(2), ntok, round=3)
+            metrics.log_scalar("nll_loss", total("nll_loss") / ntok / math.log(2), ntok, round=3)
+            metrics.log_derived("ppl", lambda m: utils.get_perplexity(m["nll_loss"].avg))
+        if nsent > 0:
+            metrics.log_scalar("task_loss", total("valid_task_loss_sum") / nsent, nsent, round=4)
+            metrics.log_scalar("avg_len", total("valid_len_sum") / nsent, nsent, round=2)
+            metrics.log_scalar("nonterm", total("valid_nonterm_sum") / nsent, nsent, round=4)
+            names = {k[len("valid_cost_"):-len("_sum")] for log in logging_outputs for k in log if k.startswith("valid_cost_")}
+            for name in sorted(names):
+                metrics.log_scalar(f"cost_{name}", total(f"valid_cost_{name}_sum") / nsent, nsent, round=4)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True
+

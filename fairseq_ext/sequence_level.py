@@ -1,0 +1,117 @@
+"""Decode-and-score for sequence-level criterions (MGS, MRT, PG) and validation.
+
+``BatchScorer`` turns a fairseq batch into per-sequence task losses of decoded
+candidates: it decodes with ``generators.candidates`` (translation: from the
+source; ``text_completion``: continuing the prefix) and scores with a weighted sum
+of registered task losses (``--*-task-loss "edit"`` or ``"edit=1,rep=0.5"``)
+against the references (and the sources / prefixes for the ``lm`` cost).
+"""
+import copy
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from fairseq import utils
+from torch import Tensor
+
+from fairseq_ext.core.task_losses import task_loss_names
+from fairseq_ext.generators.candidates import Candidates, DecodeConfig, decode_candidates
+from fairseq_ext.losses import LMScorerCost, SequenceCost
+from fairseq_ext.tasks.text_completion import prefix_sample
+
+
+def parse_cost_spec(spec: str, option: str = "--mgs-task-loss") -> Dict[str, float]:
+    """``"sbleu"`` -> {"sbleu": 1.0}; ``"edit=1,rep=0.5"`` -> {"edit": 1.0, "rep": 0.5}."""
+    out: Dict[str, float] = {}
+    for item in (spec or "").split(","):
+        item = item.strip()
+        if not item:
+            raise ValueError(f"{option}: empty item in {spec!r}")
+        name, sep, weight = item.partition("=")
+        name = name.strip()
+        if name not in task_loss_names():
+            raise ValueError(f"{option}: unknown task loss {name!r}; valid: {', '.join(task_loss_names())}")
+        try:
+            w = float(weight) if sep else 1.0
+        except ValueError:
+            raise ValueError(f"{option}: weight of {name!r} is not a number: {weight!r}") from None
+        if name in out:
+            raise ValueError(f"{option}: {name!r} given twice")
+        out[name] = w
+    return out
+
+
+def unwrap(model):
+    """The fairseq model inside a data-parallel wrapper (parameters are shared)."""
+    while hasattr(model, "module") and isinstance(getattr(model, "module"), torch.nn.Module):
+        model = model.module
+    return model
+
+
+class BatchScorer:
+    """Per-sequence weighted task loss of decoded candidates for fairseq batches.
+
+    task: the fairseq task (its target dictionary gives the ids' meaning).
+    spec: weighted costs (see ``parse_cost_spec``).
+    post_process: BPE removal for text costs (e.g. ``sentencepiece``).
+    score_model: checkpoint path for the ``lm`` cost; None: a frozen copy of the
+        model the first time it is used (MGS paper: the LM task loss under the
+        model as it was when fine-tuning started).
+    """
+
+    def __init__(self, task, spec: str, post_process: Optional[str] = None, score_model: Optional[str] = None,
+                 option: str = "--mgs-task-loss"):
+        self.weights = parse_cost_spec(spec, option)
+        self.dictionary = task.target_dictionary
+        self.post_process = post_process
+        self.score_model_path = score_model
+        self.costs: Dict[str, SequenceCost] = {}
+        for name in self.weights:
+            if name == "lm":
+                continue  # built lazily: needs the scorer
+            self.costs[name] = SequenceCost(name, self.dictionary, post_process=post_process)
+        if "lm" in self.weights and score_model is not None:
+            self.costs["lm"] = SequenceCost("lm", self.dictionary, scorer=LMScorerCost.from_checkpoint(score_model).scorer)
+
+    def ensure_lm_scorer(self, model) -> None:
+        """Freeze a copy of ``model`` as the ``lm`` scorer, once (when no checkpoint was given)."""
+        if "lm" in self.weights and "lm" not in self.costs:
+            scorer = copy.deepcopy(unwrap(model))
+            self.costs["lm"] = SequenceCost("lm", self.dictionary, scorer=scorer)
+
+    @staticmethod
+    def decode_inputs(sample: Dict, dictionary) -> Tuple[Dict, Optional[Tensor]]:
+        """(batch as the decoder sees it, prefix tokens or None)."""
+        if "prefix" in sample:
+            return prefix_sample(sample, dictionary.pad(), dictionary.eos()), sample["prefix"]
+        return sample, None
+
+    def references(self, sample: Dict) -> List[Tensor]:
+        return [utils.strip_pad(t, self.dictionary.pad()) for t in sample["target"]]
+
+    def sources(self, sample: Dict) -> List[Tensor]:
+        if "prefix" in sample:
+            return list(sample["prefix"])
+        pad = self.dictionary.pad()
+        return [utils.strip_pad(t, pad) for t in sample["net_input"]["src_tokens"]]
+
+    def decode(self, model, sample: Dict, cfg: DecodeConfig, generator=None) -> Tuple[Candidates, Dict]:
+        batch, prefix = self.decode_inputs(sample, self.dictionary)
+        return decode_candidates(unwrap(model), batch, cfg, prefix_tokens=prefix, generator=generator), batch
+
+    def score(self, cand: Candidates, batch: Dict) -> Tuple[Tensor, Dict[str, Tensor]]:
+        """(weighted cost per candidate (B*n,), {name: per-candidate cost})."""
+        if batch.get("target") is None:
+            raise ValueError("sequence-level task losses need references: the batch has no target")
+        idx = cand.source_index.tolist()
+        hyps = cand.as_list()
+        refs_all = self.references(batch)
+        srcs_all = self.sources(batch)
+        refs = [refs_all[i] for i in idx]
+        srcs = [srcs_all[i] for i in idx]
+        per_name = {}
+        total = torch.zeros(len(hyps))
+        for name, w in self.weights.items():
+            c = self.costs[name](hyps, refs, sources=srcs)
+            per_name[name] = c
+            total += w * c
+        return total, per_name

@@ -1,0 +1,158 @@
+"""core/mgs.py: hand-computed weights and direction, limit cases in alpha, the exact
+mixture density against torch.distributions, bitwise restoration, seeding."""
+import math
+
+import pytest
+import torch
+from torch.distributions import Normal
+
+from fairseq_ext.core.mgs import (
+    ParameterSearch,
+    ProposalConfig,
+    clip_grad_,
+    mgs_weights,
+    mix_seed,
+    noise_scales,
+    weight_stats,
+)
+
+
+def _toy(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    params = [torch.randn(3, 2, generator=g), torch.randn(4, generator=g)]
+    grads = [0.1 * torch.randn(3, 2, generator=g), 0.01 * torch.randn(4, generator=g)]
+    return params, grads
+
+
+def test_weights_and_direction_hand_computed():
+    """2 parameters, 2 candidates (alternation: k=0 zero-mean, k=1 MLE), absolute sigma 0.1."""
+    theta = [torch.tensor([1.0, 2.0])]
+    g = [torch.tensor([0.5, -1.0])]
+    cfg = ProposalConfig(num_candidates=2, alternate=True, noise=0.1, noise_scale="absolute", importance="none")
+    search = ParameterSearch(theta, g, cfg, seed=42)
+    assert search.is_mle == [False, True]
+    eps = [torch.randn(2, generator=torch.Generator().manual_seed(mix_seed(42, k, 0))) for k in range(2)]
+    delta0 = 0.1 * eps[0]
+    delta1 = torch.tensor([-0.5, 1.0]) + 0.1 * eps[1]
+    assert torch.allclose(search.piece(0, 0), delta0) and torch.allclose(search.piece(1, 0), delta1)
+    # C(theta) = 1.0, C(theta + Delta) = [0.8, 0.9], alpha = 2: w0 = 1 / (1 + e^{-0.2})
+    w = mgs_weights(1.0, torch.tensor([0.8, 0.9], dtype=torch.float64), torch.zeros(2), alpha=2.0)
+    w0 = 1.0 / (1.0 + math.exp(-0.2))
+    assert w[0].item() == pytest.approx(w0, abs=1e-12) and w[1].item() == pytest.approx(1 - w0, abs=1e-12)
+    (direction,) = search.direction(w)
+    assert torch.allclose(direction, w0 * delta0 + (1 - w0) * delta1, atol=1e-6)
+
+
+def test_weights_include_minus_log_q():
+    w = mgs_weights(0.0, torch.tensor([0.0, 0.0]), torch.tensor([0.0, math.log(3.0)]), alpha=1.0)
+    assert w.tolist() == pytest.approx([0.75, 0.25])
+
+
+def test_alpha_limits():
+    costs = torch.tensor([0.7, 0.2, 0.5, 0.9])
+    uniform = mgs_weights(1.0, costs, torch.zeros(4), alpha=1e-12)
+    assert torch.allclose(uniform, torch.full((4,), 0.25, dtype=torch.float64))
+    peaked = mgs_weights(1.0, costs, torch.zeros(4), alpha=1e6)  # log space: no overflow
+    assert peaked.tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("pi", [0.5, 0.2])
+def test_exact_log_q_equals_gaussian_mixture(pi):
+    params, grads = _toy()
+    cfg = ProposalConfig(num_candidates=3, mixture=pi, noise=0.5, importance="exact")
+    search = ParameterSearch(params, grads, cfg, seed=7)
+    sig = noise_scales(grads, 0.5, "per_tensor")
+    for k in range(3):
+        delta = [search.piece(k, i) for i in range(2)]
+        zero = sum(Normal(torch.zeros_like(d), s).log_prob(d).sum() for d, s in zip(delta, sig))
+        mle = sum(Normal(-g, s).log_prob(d).sum() for d, g, s in zip(delta, grads, sig))
+        expected = torch.logsumexp(torch.stack([math.log(pi) + zero, math.log(1 - pi) + mle]), 0)
+        with search.perturbed(k) as info:
+            pass
+        assert info["log_q"] == pytest.approx(float(expected), abs=1e-4)
+        assert info["norm"] == pytest.approx(float(torch.cat([d.view(-1) for d in delta]).norm()), rel=1e-6)
+
+
+def test_unit_log_q_ignores_sigma():
+    params, grads = _toy()
+    cfg = ProposalConfig(num_candidates=1, mixture=0.5, noise=0.5, importance="unit")
+    search = ParameterSearch(params, grads, cfg, seed=3)
+    delta = [search.piece(0, i) for i in range(2)]
+    d = sum(x.numel() for x in delta)
+    sq0 = sum(float(x.pow(2).sum()) for x in delta)
+    sq1 = sum(float((x + g).pow(2).sum()) for x, g in zip(delta, grads))
+    c = -0.5 * d * math.log(2 * math.pi)
+    expected = math.log(0.5 * math.exp(c - 0.5 * sq0) + 0.5 * math.exp(c - 0.5 * sq1))
+    with search.perturbed(0) as info:
+        pass
+    assert info["log_q"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_perturbation_is_exact_and_restored_bitwise():
+    params, grads = _toy()
+    # values where (a + d) - d != a in floating point
+    params[1] = torch.tensor([0.1, 1e8, -3.3333333, 7.0e-8])
+    before = [p.clone() for p in params]
+    cfg = ProposalConfig(num_candidates=4, noise=0.3)
+    search = ParameterSearch(params, grads, cfg, seed=11)
+    for k in range(4):
+        with search.perturbed(k):
+            for i, p in enumerate(params):
+                assert torch.equal(p, before[i] + search.piece(k, i))
+        for p, b in zip(params, before):
+            assert torch.equal(p, b), "parameters must be restored bitwise"
+    with pytest.raises(RuntimeError):
+        with search.perturbed(0):
+            raise RuntimeError("decoding failed")
+    for p, b in zip(params, before):
+        assert torch.equal(p, b), "restored even when the block raises"
+
+
+def test_same_seed_same_update_and_components():
+    params, grads = _toy()
+    cfg = ProposalConfig(num_candidates=4)
+    w = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    a = ParameterSearch(params, grads, cfg, seed=5).direction(w)
+    b = ParameterSearch(params, grads, cfg, seed=5).direction(w)
+    c = ParameterSearch(params, grads, cfg, seed=6).direction(w)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
+def test_component_sampling_rate_and_proposals():
+    params, grads = _toy()
+    draws = [c for s in range(500) for c in ParameterSearch(params, grads, ProposalConfig(num_candidates=4, mixture=0.3), s).is_mle]
+    assert abs(sum(draws) / len(draws) - 0.7) < 0.04  # P(MLE component) = 1 - pi
+    assert ParameterSearch(params, grads, ProposalConfig(num_candidates=4, proposal="zero"), 0).is_mle == [False] * 4
+    assert ParameterSearch(params, grads, ProposalConfig(num_candidates=4, proposal="mle"), 0).is_mle == [True] * 4
+    alt = ParameterSearch(params, grads, ProposalConfig(num_candidates=4, alternate=True), 0).is_mle
+    assert alt == [False, True, False, True]
+    # zero-mean candidates have mean 0, MLE candidates mean -g (sigma tiny)
+    s = ParameterSearch(params, grads, ProposalConfig(num_candidates=2, alternate=True, noise=1e-6), 0)
+    assert torch.allclose(s.piece(1, 0), -grads[0], atol=1e-5) and s.piece(0, 0).abs().max() < 1e-5
+
+
+def test_noise_scales_and_clip():
+    grads = [torch.tensor([1.0, -3.0]), torch.tensor([0.5])]
+    assert noise_scales(grads, 2.0, "per_tensor") == pytest.approx([4.0, 1.0])
+    assert noise_scales(grads, 2.0, "global") == pytest.approx([2.0 * 4.5 / 3] * 2)
+    assert noise_scales(grads, 0.3, "absolute") == [0.3, 0.3]
+    norm = clip_grad_(grads, 1.0)
+    assert norm == pytest.approx(math.sqrt(10.25))
+    assert math.sqrt(sum(float(g.pow(2).sum()) for g in grads)) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="--mgs-candidates"):
+        ProposalConfig(num_candidates=0)
+    with pytest.raises(ValueError, match="--mgs-mixture"):
+        ProposalConfig(mixture=1.5)
+    with pytest.raises(ValueError, match="--mgs-noise"):
+        ProposalConfig(noise=0.0)
+
+
+def test_weight_stats():
+    st = weight_stats(torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64), [True, False, True])
+    assert st["weight_entropy"] == pytest.approx(math.log(2))
+    assert st["mle_weight"] == pytest.approx(0.5)
+    assert st["top_is_mle"] == 1.0
