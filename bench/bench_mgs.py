@@ -21,30 +21,41 @@ Speed (``transformer``, 3+3 layers, embed 256, ffn 1024, 4 heads; train mode):
   avoid (one decode for C(theta), one per candidate, one MLE gradient).
 - ratio = MGS / baseline; the issue's target is <= 1.15.
 
-Both are timed with ``time.perf_counter`` around one call, ``--warmup`` untimed calls
-then ``--repeats`` timed ones, interleaved (alternating which goes first), median
-reported; ``torch.set_num_threads(--threads)``; gradients are reset to None before
-each call. The breakdown times the step's parts separately on the same batch and
-model, through the criterion's own objects and ``fairseq_ext.core.mgs`` (the
-criterion is not modified): decode (one ``scorer.decode``) and score (one edit cost
+Both are timed around one call, ``--warmup`` untimed calls then ``--repeats`` timed
+ones, interleaved (alternating which goes first), median reported;
+``torch.set_num_threads(--threads)``; gradients are reset to None before each call.
+The clock (``--clock``) is the process's CPU time on CPU (``time.process_time``: on a
+shared machine wall time also counts the time other processes hold the core; with
+one thread it equals wall time on an idle machine; it still varies with the load,
+through shared caches and memory bandwidth) and wall time on CUDA.
+
+The breakdown times the step's parts separately on the same batch and model,
+through the criterion's own objects and ``fairseq_ext.core.mgs`` (the criterion is
+not modified): decode (one ``scorer.decode``) and score (one edit cost
 over the batch), each x (K + 1); the MLE gradient (``_mle_gradient`` + ``clip_grad_``);
 perturb/restore (entering and leaving ``ParameterSearch.perturbed(k)`` for the K
 candidates, including the one backup), of which ``draw`` is regenerating every
 Delta_k tensor (``piece``) alone; ``direction`` (uniform weights, all K pieces again);
-the surrogate (building sum <p, -Delta> and its backward). ``other`` = step - parts.
+the surrogate (building sum <p, -Delta> and its backward). ``other`` = step - parts
+(timed in different calls, so under a varying load it can come out negative).
 
 Memory (``transformer``, 4+4 layers, embed 512, ffn 2048, 8 heads, about 30M
-parameters, so a parameter copy is far above RSS noise): one fresh child process per
-measurement builds the model and runs ONE step without warm-up: ``MLE`` (the
-baseline's forward + backward, no decode) and ``MGS`` for each K in
+parameters, so a parameter copy is far above RSS noise; batch ``--mem-batch-size``):
+one fresh child process per row (run concurrently) builds the model and runs ONE step without warm-up:
+``MLE`` (the baseline's forward + backward, no decode) and ``MGS`` for each K in
 ``--mem-candidates`` (default 2 and 8). On CPU each child reports its peak RSS
-(``ru_maxrss``) after building the model and batch, and at the end (torch's
-allocations are invisible to ``tracemalloc``); on CUDA, ``torch.cuda.max_memory_allocated``
-above the allocation after the build (stats reset). The table reports the step's
-extra peak (end - build) and the peak itself, the K_max - K_min difference in MiB and
-in parameter copies (4 bytes x parameters; the design bound is below one copy), and
-what one deep copy of the model per candidate (the published implementation) would
-add: K x parameter bytes. Timings and memory are printed, never asserted.
+(``ru_maxrss``; torch's allocations are invisible to ``tracemalloc``) after building
+the model and batch and at the end. The children run with glibc's
+``MALLOC_MMAP_THRESHOLD_`` fixed at 128 KiB: otherwise glibc raises the threshold
+each time a large block is freed, later tensors land in the heap and are kept after
+they die, and the peak depends on allocation order (about +-10 MiB between runs of
+the same K; with the fixed threshold, under 1 MiB). On CUDA the children report
+``torch.cuda.max_memory_allocated`` (after ``reset_peak_memory_stats``) and the
+allocation after the build. The table reports each peak, the peak above the MLE
+row's, the K_max - K_min difference in MiB and in parameter copies (4 bytes x
+parameters; the design bound is below one copy), and what one deep copy of the model
+per candidate (the published implementation) would add: K x parameter bytes.
+Timings and memory are printed, never asserted.
 """
 import argparse
 import json
@@ -80,6 +91,7 @@ MEMORY_ARCH = ["--encoder-layers", "4", "--decoder-layers", "4", "--encoder-embe
                "--decoder-embed-dim", "512", "--encoder-ffn-embed-dim", "2048", "--decoder-ffn-embed-dim", "2048",
                "--encoder-attention-heads", "8", "--decoder-attention-heads", "8"]
 MAX_LEN_RATIO = 1.3
+MMAP_THRESHOLD = 128 * 1024  # glibc MALLOC_MMAP_THRESHOLD_ of the memory children (see the module docstring)
 LABEL_SMOOTHING = 0.1
 TARGET_RATIO = 1.15
 MIB = 2**20
@@ -131,13 +143,17 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+CLOCKS = {"process": time.process_time, "wall": time.perf_counter}
+_clock = time.perf_counter
+
+
 def timed(fn: Callable, device: torch.device) -> float:
-    """ms of one call."""
+    """ms of one call on the ``--clock``."""
     _sync(device)
-    t = time.perf_counter()
+    t = _clock()
     fn()
     _sync(device)
-    return 1000 * (time.perf_counter() - t)
+    return 1000 * (_clock() - t)
 
 
 def median_ms(fns: Dict[str, Callable], warmup: int, repeats: int, device: torch.device) -> Dict[str, float]:
@@ -155,9 +171,8 @@ def median_ms(fns: Dict[str, Callable], warmup: int, repeats: int, device: torch
 def breakdown(model, sample: Dict, crit: MGSCriterion, args, device: torch.device) -> Dict[str, float]:
     """Median ms of the MGS step's parts, each timed on its own (see the module docstring)."""
     k = crit.proposal.num_candidates
-    module = model
-    cand, batch = crit.scorer.decode(module, sample, crit.decode_cfg)
-    params, grads, _, _ = crit._mle_gradient(module, sample)
+    cand, batch = crit.scorer.decode(model, sample, crit.decode_cfg)
+    params, grads, _, _ = crit._mle_gradient(model, sample)
     clip_grad_(grads, crit.mle_clip)
     uniform = torch.full((k,), 1.0 / k, dtype=torch.float64)
 
@@ -177,18 +192,16 @@ def breakdown(model, sample: Dict, crit: MGSCriterion, args, device: torch.devic
         ParameterSearch(params, grads, crit.proposal, args.seed).direction(uniform)
 
     def mle_grad():
-        _, g, _, _ = crit._mle_gradient(module, sample)
+        _, g, _, _ = crit._mle_gradient(model, sample)
         clip_grad_(g, crit.mle_clip)
 
     def surrogate():
         model.zero_grad(set_to_none=True)
         d = ParameterSearch(params, grads, crit.proposal, args.seed).direction(uniform)
-        t = time.perf_counter()
-        sum((p * (-x)).sum() for p, x in zip(params, d)).backward()
-        return 1000 * (time.perf_counter() - t)
+        return timed(lambda: sum((p * (-x)).sum() for p, x in zip(params, d)).backward(), device)
 
     parts = {
-        "decode": lambda: crit.scorer.decode(module, sample, crit.decode_cfg),
+        "decode": lambda: crit.scorer.decode(model, sample, crit.decode_cfg),
         "score": lambda: crit.scorer.score(cand, batch),
         "mle_grad": mle_grad,
         "perturb_restore": perturb_restore,
@@ -260,34 +273,40 @@ def memory_child(args) -> None:
     out = {"mode": args.memory_child, "k": args.k, "params": n_params}
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        out["build_peak_mib"] = base / MIB
         out["peak_mib"] = torch.cuda.max_memory_allocated(device) / MIB
-        out["extra_mib"] = (torch.cuda.max_memory_allocated(device) - base) / MIB
     else:
-        end_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-        out["peak_mib"] = end_kib / 1024
-        out["extra_mib"] = (end_kib - build_kib) / 1024
+        out["build_peak_mib"] = build_kib / 1024  # ru_maxrss is in KiB on Linux
+        out["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("MEMORY " + json.dumps(out), flush=True)
 
 
-def run_child(data: str, mode: str, k: int, args) -> Dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--memory-child", mode, "--k", str(k), "--data", data,
-           "--device", args.device, "--threads", str(args.threads), "--seed", str(args.seed),
-           "--mem-batch-size", str(args.mem_batch_size)] + (["--quick"] if args.quick else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("MEMORY ")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"memory child {mode} K={k} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return json.loads(lines[-1][len("MEMORY "):])
+def child_command(data: str, mode: str, k: int, args) -> List[str]:
+    return [sys.executable, os.path.abspath(__file__), "--memory-child", mode, "--k", str(k), "--data", data,
+            "--device", args.device, "--threads", str(args.threads), "--seed", str(args.seed),
+            "--mem-batch-size", str(args.mem_batch_size)] + (["--quick"] if args.quick else [])
 
 
 def bench_memory(data: str, args) -> List[Dict]:
-    rows = [run_child(data, "mle", 0, args)] + [run_child(data, "mgs", k, args) for k in args.mem_candidates]
+    """Run the children (concurrently: each measures only its own process) and collect their rows."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
+    jobs = [("mle", 0)] + [("mgs", k) for k in args.mem_candidates]
+    procs = [subprocess.Popen(child_command(data, mode, k, args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=REPO, env=env) for mode, k in jobs]
+    rows = []
+    for (mode, k), proc in zip(jobs, procs):
+        stdout, stderr = proc.communicate()
+        lines = [line for line in stdout.splitlines() if line.startswith("MEMORY ")]
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"memory child {mode} K={k} failed:\n{stdout[-2000:]}\n{stderr[-4000:]}")
+        rows.append(json.loads(lines[-1][len("MEMORY "):]))
     copy_mib = 4 * rows[0]["params"] / MIB
     print(f"memory model: transformer, {rows[0]['params'] / 1e6:.2f}M parameters "
           f"(one fp32 copy {copy_mib:.1f} MiB), batch {args.mem_batch_size}", flush=True)
     for r in rows:
         r["param_copy_mib"] = copy_mib
-        r["extra_param_copies"] = r["extra_mib"] / copy_mib
+        r["above_mle_mib"] = r["peak_mib"] - rows[0]["peak_mib"]
+        r["above_mle_param_copies"] = r["above_mle_mib"] / copy_mib
         r["deep_copy_mib"] = r["k"] * copy_mib
     return rows
 
@@ -326,10 +345,11 @@ def format_speed(rows: List[Dict]) -> str:
 
 def format_memory(rows: List[Dict], summary: Dict, device: torch.device) -> str:
     what = "peak RSS" if device.type != "cuda" else "peak allocated"
-    head = ["step", f"{what} MiB", "step extra MiB", "extra / param copy", "deep copies K x params MiB"]
-    lines = [["MLE" if r["mode"] == "mle" else f"MGS K={r['k']}", f"{r['peak_mib']:.1f}", f"{r['extra_mib']:.1f}",
-              f"{r['extra_param_copies']:.2f}", "-" if r["mode"] == "mle" else f"{r['deep_copy_mib']:.1f}"]
-             for r in rows]
+    head = ["step", f"{what} after build MiB", f"{what} MiB", "above MLE MiB", "above MLE / param copy",
+            "deep copies: K x params MiB"]
+    lines = [["MLE" if r["mode"] == "mle" else f"MGS K={r['k']}", f"{r['build_peak_mib']:.1f}", f"{r['peak_mib']:.1f}",
+              f"{r['above_mle_mib']:.1f}", f"{r['above_mle_param_copies']:.2f}",
+              "-" if r["mode"] == "mle" else f"{r['deep_copy_mib']:.1f}"] for r in rows]
     s = summary
     return _table(head, lines) + (
         f"\n\n{what} K={s['k_high']} - K={s['k_low']}: {s['peak_diff_mib']:.1f} MiB = "
@@ -347,6 +367,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mem-batch-size", type=int, default=16, help="memory: sentences per batch")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per setting (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per setting")
+    p.add_argument("--clock", choices=list(CLOCKS),
+                   help="process CPU time (default on CPU: robust to other processes on a shared machine) "
+                        "or wall time (default on CUDA)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--quick", action="store_true",
                    help="tiny models, B=4, one repeat, no warm-up: a few seconds (smoke test)")
@@ -359,20 +382,24 @@ def parse_args(argv=None) -> argparse.Namespace:
         a.batch_sizes, a.repeats, a.warmup, a.mem_batch_size = [4], 1, 0, 4
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: CUDA is not available")
+    if a.clock is None:
+        a.clock = "wall" if a.device == "cuda" else "process"
     if len(set(a.mem_candidates)) < 2:
         p.error("--mem-candidates needs at least two distinct K")
     return a
 
 
 def main(argv=None) -> None:
+    global _clock
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    _clock = CLOCKS[args.clock]
     if args.memory_child:
         memory_child(args)
         return
     device = torch.device(args.device)
-    print(f"device {device}, threads {args.threads}, warm-up {args.warmup}, median of {args.repeats}, "
-          f"torch {torch.__version__}", flush=True)
+    print(f"device {device}, threads {args.threads}, {args.clock} time, warm-up {args.warmup}, "
+          f"median of {args.repeats}, torch {torch.__version__}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         data = prepare_data(tmp, args.quick)
         speed = bench_speed(data, args, device)
@@ -385,11 +412,12 @@ def main(argv=None) -> None:
           f"target MGS/base <= {TARGET_RATIO}")
     print(format_speed(speed))
     print()
-    print("Memory: one step in a fresh process per row, no warm-up; step extra = peak at the end - peak after "
-          "building model and batch")
+    print("Memory: one step in a fresh process per row (no warm-up); above MLE = this row's peak - the MLE row's "
+          "peak")
     print(format_memory(memory, summary, device))
     if args.json:
-        meta = {"device": str(device), "threads": args.threads, "repeats": args.repeats, "warmup": args.warmup,
+        meta = {"device": str(device), "threads": args.threads, "clock": args.clock,
+                "malloc_mmap_threshold": MMAP_THRESHOLD, "repeats": args.repeats, "warmup": args.warmup,
                 "quick": args.quick, "candidates": k, "mem_batch_size": args.mem_batch_size,
                 "torch": torch.__version__}
         with open(args.json, "w") as f:

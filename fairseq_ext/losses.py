@@ -101,19 +101,46 @@ class SequenceCost:
         self.dictionary = dictionary
         self.post_process = post_process
         self.tokenizer = tokenizer
+        self._symbols = list(dictionary.symbols)
+        self._special = {dictionary.pad(), dictionary.eos(), dictionary.bos()}
 
     @property
     def needs_reference(self) -> bool:
         return self.loss.needs_reference
 
     def _text(self, tokens: Tensor) -> str:
-        s = self.dictionary.string(tokens.int().cpu(), self.post_process)
-        return self.tokenizer.decode(s) if self.tokenizer is not None else s
+        """As ``Dictionary.string(tokens, post_process)`` (EOS, BOS and padding dropped),
+        without its per-token overhead; then the tokenizer's ``decode``."""
+        drop = self._special
+        sent = " ".join(self._symbols[t] for t in tokens.tolist() if t not in drop)
+        sent = data_utils.post_process(sent, self.post_process)
+        return self.tokenizer.decode(sent) if self.tokenizer is not None else sent
 
-    def _symbols(self, tokens: Tensor, keep_eos: bool) -> List[str]:
+    def _symbols_of(self, tokens: Tensor, keep_eos: bool) -> List[str]:
         d = self.dictionary
         drop = {d.pad()} if keep_eos else {d.pad(), d.eos()}
-        return [d[t] for t in tokens.tolist() if t not in drop]
+        return [self._symbols[t] for t in tokens.tolist() if t not in drop]
+
+    def convert_hyps(self, hyps: Sequence[Tensor]) -> list:
+        """Hypotheses in the form the loss takes (text or symbols; ids for the lm cost)."""
+        if getattr(self.loss, "needs_source", False):
+            return list(hyps)
+        if self.loss.input_kind == "text":
+            return [self._text(t) for t in hyps]
+        return [self._symbols_of(t, keep_eos=self.name == "nonterm") for t in hyps]
+
+    def convert_refs(self, refs: Sequence[Tensor]) -> list:
+        """References in the form the loss takes (EOS always dropped)."""
+        if getattr(self.loss, "needs_source", False):
+            return list(refs)
+        if self.loss.input_kind == "text":
+            return [self._text(t) for t in refs]
+        return [self._symbols_of(t, keep_eos=False) for t in refs]
+
+    def from_converted(self, hyps: list, refs: Optional[list], sources=None) -> Tensor:
+        if getattr(self.loss, "needs_source", False):
+            return self.loss(hyps, sources=sources)
+        return self.loss(hyps, refs)
 
     def __call__(
         self,
@@ -124,10 +151,4 @@ class SequenceCost:
         """hyps, refs, sources: B 1-D LongTensors of dictionary ids. Returns (B,) costs."""
         if getattr(self.loss, "needs_source", False):
             return self.loss(hyps, sources=sources)
-        if self.loss.input_kind == "text":
-            h = [self._text(t) for t in hyps]
-            r = [self._text(t) for t in refs] if refs is not None else None
-        else:
-            h = [self._symbols(t, keep_eos=self.name == "nonterm") for t in hyps]
-            r = [self._symbols(t, keep_eos=False) for t in refs] if refs is not None else None
-        return self.loss(h, r)
+        return self.from_converted(self.convert_hyps(hyps), self.convert_refs(refs) if refs is not None else None)

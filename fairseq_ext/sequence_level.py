@@ -65,6 +65,7 @@ class BatchScorer:
         self.post_process = post_process
         self.score_model_path = score_model
         self.costs: Dict[str, SequenceCost] = {}
+        self._cache = None
         for name in self.weights:
             if name == "lm":
                 continue  # built lazily: needs the scorer
@@ -77,6 +78,7 @@ class BatchScorer:
         if "lm" in self.weights and "lm" not in self.costs:
             scorer = copy.deepcopy(unwrap(model))
             self.costs["lm"] = SequenceCost("lm", self.dictionary, scorer=scorer)
+            self._cache = None
 
     @staticmethod
     def decode_inputs(sample: Dict, dictionary) -> Tuple[Dict, Optional[Tensor]]:
@@ -98,20 +100,33 @@ class BatchScorer:
         batch, prefix = self.decode_inputs(sample, self.dictionary)
         return decode_candidates(unwrap(model), batch, cfg, prefix_tokens=prefix, generator=generator), batch
 
+    def _prepared(self, batch: Dict) -> Tuple[Dict[str, list], List[Tensor]]:
+        """References converted for every cost, and the sources, for this batch; cached
+        while the batch's targets stay the same (MGS scores one batch K + 1 times)."""
+        target = batch["target"]
+        cache = self._cache
+        if cache is not None and cache[0].shape == target.shape and torch.equal(cache[0], target):
+            return cache[1], cache[2]
+        refs = self.references(batch)
+        converted = {name: cost.convert_refs(refs) for name, cost in self.costs.items()}
+        sources = self.sources(batch)
+        self._cache = (target.clone(), converted, sources)
+        return converted, sources
+
     def score(self, cand: Candidates, batch: Dict) -> Tuple[Tensor, Dict[str, Tensor]]:
         """(weighted cost per candidate (B*n,), {name: per-candidate cost})."""
         if batch.get("target") is None:
             raise ValueError("sequence-level task losses need references: the batch has no target")
         idx = cand.source_index.tolist()
         hyps = cand.as_list()
-        refs_all = self.references(batch)
-        srcs_all = self.sources(batch)
-        refs = [refs_all[i] for i in idx]
+        refs_all, srcs_all = self._prepared(batch)
         srcs = [srcs_all[i] for i in idx]
         per_name = {}
         total = torch.zeros(len(hyps))
         for name, w in self.weights.items():
-            c = self.costs[name](hyps, refs, sources=srcs)
+            cost = self.costs[name]
+            refs = [refs_all[name][i] for i in idx]
+            c = cost.from_converted(cost.convert_hyps(hyps), refs, sources=srcs)
             per_name[name] = c
             total += w * c
         return total, per_name

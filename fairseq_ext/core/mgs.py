@@ -157,6 +157,7 @@ class ParameterSearch:
         self.sigmas = noise_scales(self.grads, cfg.noise, cfg.noise_scale)
         self.is_mle = [self._component(k) for k in range(cfg.num_candidates)]
         self._backup: Optional[List[Tensor]] = None
+        self._gg = [float(g.double().pow(2).sum()) for g in self.grads]
 
     def _component(self, k: int) -> bool:
         """True if candidate k is drawn from the MLE component."""
@@ -167,46 +168,62 @@ class ParameterSearch:
         g = torch.Generator().manual_seed(mix_seed(self.seed, k, 0x6D6978))
         return bool(torch.rand((), generator=g) >= self.cfg.mixture)
 
-    def piece(self, k: int, i: int) -> Tensor:
-        """Delta_k restricted to tensor i: -g_i [MLE component] + sigma_i * eps, eps ~ N(0, I)."""
-        p, g = self.params[i], self.grads[i]
+    def _noise(self, k: int, i: int) -> Tensor:
+        """eps_{k,i} ~ N(0, I) of tensor i's shape, from its own (seed, k, i) generator."""
+        p = self.params[i]
         gen = torch.Generator(device=p.device).manual_seed(mix_seed(self.seed, k, i))
-        eps = torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32).to(p.dtype)
-        delta = eps.mul_(self.sigmas[i])
+        return torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32).to(p.dtype)
+
+    def piece(self, k: int, i: int) -> Tensor:
+        """Delta_k restricted to tensor i: -g_i [MLE component] + sigma_i * eps_{k,i}."""
+        delta = self._noise(k, i).mul_(self.sigmas[i])
         if self.is_mle[k]:
-            delta.sub_(g.to(delta.dtype))
+            delta.sub_(self.grads[i].to(delta.dtype))
         return delta
 
-    def _log_q_terms(self, i: int, delta: Tensor) -> tuple:
-        """(log N_zero, log N_mle) contributions of tensor i under ``cfg.importance``."""
-        d = delta.double()
-        sigma = self.sigmas[i] if self.cfg.importance == "exact" else 1.0
-        zero = gaussian_log_density(float(d.pow(2).sum()), d.numel(), sigma)
-        mle = gaussian_log_density(float((d + self.grads[i].double()).pow(2).sum()), d.numel(), sigma)
-        return zero, mle
+    def _log_densities(self, i: int, sq_zero: float, sq_mle: float) -> tuple:
+        """(log N(Delta_i | 0, s^2), log N(Delta_i | -g_i, s^2)) with s = sigma_i (exact) or 1 (unit)."""
+        n = self.params[i].numel()
+        s = self.sigmas[i] if self.cfg.importance == "exact" else 1.0
+        return gaussian_log_density(sq_zero, n, s), gaussian_log_density(sq_mle, n, s)
 
     @contextlib.contextmanager
     def perturbed(self, k: int) -> Iterator[dict]:
         """theta <- theta + Delta_k inside the block, restored bitwise afterwards.
 
         Yields {"log_q": log q(Delta_k) under ``cfg.importance``, "norm": ||Delta_k||}.
+        The squared distances come from eps without forming Delta + g: with
+        ee = ||eps||^2, eg = <eps, g>, gg = ||g||^2, a zero-mean draw has
+        ||Delta||^2 = s^2 ee and ||Delta + g||^2 = s^2 ee + 2 s eg + gg; an MLE
+        draw ||Delta + g||^2 = s^2 ee and ||Delta||^2 = s^2 ee - 2 s eg + gg.
         The backup of theta is made once per update and reused by every candidate.
         """
         if self._backup is None:
             self._backup = [p.detach().clone() for p in self.params]
+        mle = self.is_mle[k]
         logn_zero, logn_mle, sq_norm = 0.0, 0.0, 0.0
         try:
             with torch.no_grad():
                 for i, p in enumerate(self.params):
-                    delta = self.piece(k, i)
-                    sq_norm += float(delta.double().pow(2).sum())
+                    eps = self._noise(k, i)
+                    s, g = self.sigmas[i], self.grads[i]
+                    flat = eps.view(-1)
+                    ee = float(torch.dot(flat, flat))
+                    eg = float(torch.dot(flat, g.reshape(-1).to(eps.dtype)))
+                    own = s * s * ee
+                    other = own + (-2.0 if mle else 2.0) * s * eg + self._gg[i]
+                    sq_zero, sq_mle = (other, own) if mle else (own, other)
+                    sq_norm += sq_zero
                     if self.cfg.importance != "none":
-                        z, m = self._log_q_terms(i, delta)
+                        z, m = self._log_densities(i, sq_zero, sq_mle)
                         logn_zero, logn_mle = logn_zero + z, logn_mle + m
+                    delta = eps.mul_(s)  # in place: Delta_k,i exactly as ``piece`` computes it
+                    if mle:
+                        delta.sub_(g.to(delta.dtype))
                     p.add_(delta)
-                    del delta
+                    del eps, delta
             log_q = 0.0 if self.cfg.importance == "none" else mixture_log_q(logn_zero, logn_mle, self.cfg.pi)
-            yield {"log_q": log_q, "norm": math.sqrt(sq_norm)}
+            yield {"log_q": log_q, "norm": math.sqrt(max(sq_norm, 0.0))}
         finally:
             with torch.no_grad():
                 for p, b in zip(self.params, self._backup):

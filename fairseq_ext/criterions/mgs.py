@@ -171,12 +171,13 @@ class MGSCriterion(FairseqCriterion):
             finite = bool(torch.isfinite(weights).all())
         if finite:
             direction = search.direction(weights)
-            surrogate = sum((p * (-d)).sum() for p, d in zip(params, direction))
+            # d(surrogate)/dp = -Delta_p; autograd keeps references to p and Delta, no copies
+            surrogate = -sum(torch.dot(p.view(-1), d.view(-1)) for p, d in zip(params, direction))
             stats = weight_stats(weights, search.is_mle)
         else:
             logger.warning(f"mgs: non-finite task loss or weight (C(theta)={float(c0)}, candidates={costs}); update skipped")
             search.direction(torch.zeros(self.proposal.num_candidates))  # frees the backup
-            surrogate = sum((p * 0.0).sum() for p in params)
+            surrogate = sum(p.view(-1)[:1].sum() * 0.0 for p in params)
             stats = {"weight_entropy": 0.0, "weight_std": 0.0, "mle_weight": 0.0, "top_is_mle": 0.0}
 
         logging_output = {
