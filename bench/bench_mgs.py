@@ -202,7 +202,7 @@ def breakdown(model, sample: Dict, crit: MGSCriterion, args, device: torch.devic
 
     parts = {
         "decode": lambda: crit.scorer.decode(model, sample, crit.decode_cfg),
-        "score": lambda: crit.scorer.score(cand, batch),
+        "score": lambda: crit.scorer.score(cand.as_list(), cand.source_index, batch),
         "mle_grad": mle_grad,
         "perturb_restore": perturb_restore,
         "draw": draw,

@@ -18,6 +18,7 @@ from fairseq.data import data_utils
 from torch import Tensor
 
 from fairseq_ext.core.task_losses import TaskLoss, build_task_loss, register_task_loss
+from fairseq_ext.generators.candidates import sequence_log_probs
 
 
 @register_task_loss("lm")
@@ -55,28 +56,20 @@ class LMScorerCost(TaskLoss):
         decoder = self.scorer.decoder
         pad, eos = decoder.dictionary.pad(), decoder.dictionary.eos()
         device = next(self.scorer.parameters()).device
-        hyps = [torch.as_tensor(h, dtype=torch.long).view(-1) for h in hyps]
-        sources = [torch.as_tensor(s, dtype=torch.long).view(-1) for s in sources]
+        hyps = [torch.as_tensor(h, dtype=torch.long).view(-1).to(device) for h in hyps]
+        sources = [torch.as_tensor(s, dtype=torch.long).view(-1).to(device) for s in sources]
+        index = torch.arange(len(hyps), device=device)
         if getattr(self.scorer, "encoder", None) is not None:
-            src = data_utils.collate_tokens(sources, pad, eos, left_pad=self.left_pad_source).to(device)
-            src_lengths = torch.tensor([len(s) for s in sources], device=device)
-            target = data_utils.collate_tokens(hyps, pad, eos, left_pad=False).to(device)
-            prev = data_utils.collate_tokens(hyps, pad, eos, left_pad=False, move_eos_to_beginning=True).to(device)
-            out = self.scorer(src, src_lengths, prev)
+            src = data_utils.collate_tokens(sources, pad, eos, left_pad=self.left_pad_source)
+            sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([len(s) for s in sources], device=device)}}
+            lp = sequence_log_probs(self.scorer, sample, hyps, index)
         else:
-            # decoder input [eos, prefix, y_1 .. y_{n-1}]; y_t is scored at position |prefix| + t - 1
-            inputs = [torch.cat([h.new([eos]), s, h[:-1]]) for s, h in zip(sources, hyps)]
-            prev = data_utils.collate_tokens(inputs, pad, eos, left_pad=False).to(device)
-            target = torch.full_like(prev, pad)
-            for i, (s, h) in enumerate(zip(sources, hyps)):
-                target[i, len(s) : len(s) + len(h)] = h.to(device)
-            out = self.scorer(prev)
-        lprobs = self.scorer.get_normalized_probs(out, log_probs=True)
-        mask = target.ne(pad)
-        tok_lp = lprobs.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1).masked_fill(~mask, 0.0)
-        costs = -tok_lp.sum(dim=1)
+            prefixes = data_utils.collate_tokens(sources, pad, eos, left_pad=False)
+            sample = {"net_input": {"src_tokens": prefixes}}
+            lp = sequence_log_probs(self.scorer, sample, hyps, index, prefix_tokens=prefixes)
+        costs = -lp
         if self.normalize:
-            costs = costs / mask.sum(dim=1).clamp(min=1)
+            costs = costs / torch.tensor([max(len(h), 1) for h in hyps], device=device)
         return costs.float().cpu()
 
 

@@ -14,7 +14,7 @@ from fairseq import utils
 from torch import Tensor
 
 from fairseq_ext.core.task_losses import task_loss_names
-from fairseq_ext.generators.candidates import Candidates, DecodeConfig, decode_candidates
+from fairseq_ext.generators.candidates import Candidates, DecodeConfig, decode_candidates, sequence_log_probs
 from fairseq_ext.losses import LMScorerCost, SequenceCost
 from fairseq_ext.tasks.text_completion import prefix_sample
 
@@ -113,12 +113,12 @@ class BatchScorer:
         self._cache = (target.clone(), converted, sources)
         return converted, sources
 
-    def score(self, cand: Candidates, batch: Dict) -> Tuple[Tensor, Dict[str, Tensor]]:
-        """(weighted cost per candidate (B*n,), {name: per-candidate cost})."""
+    def score(self, hyps: List[Tensor], source_index: Tensor, batch: Dict) -> Tuple[Tensor, Dict[str, Tensor]]:
+        """(weighted cost per hypothesis (N,), {name: per-hypothesis cost}); hypothesis j
+        answers input ``source_index[j]`` of ``batch``."""
         if batch.get("target") is None:
             raise ValueError("sequence-level task losses need references: the batch has no target")
-        idx = cand.source_index.tolist()
-        hyps = cand.as_list()
+        idx = source_index.tolist()
         refs_all, srcs_all = self._prepared(batch)
         srcs = [srcs_all[i] for i in idx]
         per_name = {}
@@ -130,3 +130,23 @@ class BatchScorer:
             per_name[name] = c
             total += w * c
         return total, per_name
+
+
+def reference_nll(model, batch: Dict, prefix_tokens: Optional[Tensor] = None) -> Tensor:
+    """(B,) sequence NLL -log p(y* | x) of the references, differentiable (for the
+    MLE terms of MRT and PG); ``batch`` as returned by ``BatchScorer.decode``."""
+    pad = model.decoder.dictionary.pad()
+    refs = [utils.strip_pad(t, pad) for t in batch["target"]]
+    index = torch.arange(len(refs), device=batch["target"].device)
+    return -sequence_log_probs(model, batch, refs, index, prefix_tokens=prefix_tokens)
+
+
+def log_sentence_means(logging_outputs, keys) -> None:
+    """fairseq metrics: each key's sum over the logging outputs / number of sentences."""
+    from fairseq import metrics
+
+    n = sum(log.get("nsentences", 0) for log in logging_outputs)
+    if n == 0:
+        return
+    for key in keys:
+        metrics.log_scalar(key, sum(log.get(key, 0) for log in logging_outputs) / n, n, round=4)

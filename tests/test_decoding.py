@@ -167,3 +167,16 @@ def test_bad_config_errors():
         DecodeConfig(strategy="nucleus")
     with pytest.raises(ValueError, match="greedy"):
         DecodeConfig(strategy="greedy", num_candidates=2)
+
+
+@pytest.mark.parametrize("arch", ["transformer", "lstm", "transformer_lm"])
+def test_sequence_log_probs_equal_decoder_scores(tiny_models, arch):
+    from fairseq_ext.generators.candidates import sequence_log_probs
+
+    task, model, sample, prefix = _setup(tiny_models, arch)
+    cand = decode_candidates(model, sample, DecodeConfig(strategy="sample", num_candidates=2, max_len_b=7),
+                             prefix_tokens=prefix, generator=torch.Generator().manual_seed(5))
+    model.eval()
+    lp = sequence_log_probs(model, sample, cand.as_list(), cand.source_index, prefix_tokens=prefix)
+    assert lp.requires_grad
+    assert torch.allclose(lp.detach(), cand.scores, atol=1e-4)

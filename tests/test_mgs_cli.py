@@ -72,3 +72,19 @@ def test_mgs_reproducible_from_seed(toy_bin, mle_ckpt, tmp_path):
 def test_mgs_bad_options(toy_bin, mle_ckpt, tmp_path, flag, value, message):
     with pytest.raises(AssertionError, match=re.escape(message)):
         _finetune(toy_bin, mle_ckpt, str(tmp_path / "bad"), 1, [flag, value])
+
+
+@pytest.mark.parametrize("criterion,key", [
+    (["--criterion", "mrt", "--mrt-task-loss", "edit", "--mrt-candidates", "4"], "risk"),
+    (["--criterion", "pg", "--pg-task-loss", "edit", "--pg-samples", "4"], "cost_mean"),
+])
+def test_mrt_and_pg_lower_their_risk(toy_bin, mle_ckpt, tmp_path, criterion, key):
+    """30 updates from the MLE checkpoint: the logged risk (MRT: expected cost under q;
+    PG: mean sampled cost), averaged over 5-update windows, goes down."""
+    out = run_cli(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", "--optimizer", "adam", "--lr", "0.003",
+                   "--max-tokens", "1000", "--max-update", "30", "--save-dir", str(tmp_path / "ck"),
+                   "--restore-file", mle_ckpt, "--reset-optimizer", "--reset-dataloader", "--reset-meters",
+                   "--log-interval", "5"] + ARCH + criterion)
+    values = [float(m.group(1)) for m in re.finditer(rf"\| train_inner \|.* {key}=([0-9.]+)", out.stdout + out.stderr)]
+    assert len(values) == 6, (out.stdout + out.stderr)[-2000:]
+    assert values[-1] < values[0], values

@@ -58,8 +58,8 @@ def test_batch_scorer_cache_follows_targets(tiny_models):
     cfg = DecodeConfig(max_len_b=8)
     for sample in (a, b, a):
         cand, batch = scorer.decode(model, sample, cfg)
-        total, per = scorer.score(cand, batch)
-        fresh = BatchScorer(task, "edit=1,rep=0.5").score(cand, batch)[0]
+        total, per = scorer.score(cand.as_list(), cand.source_index, batch)
+        fresh = BatchScorer(task, "edit=1,rep=0.5").score(cand.as_list(), cand.source_index, batch)[0]
         assert torch.allclose(total, fresh)
         assert torch.allclose(total, per["edit"] + 0.5 * per["rep"])
 

@@ -120,7 +120,7 @@ class MGSCriterion(FairseqCriterion):
     def _pooled_cost(self, model, sample, cfg, generator=None):
         """C(theta) = mean per-sequence task loss, pooled over workers; and the per-cost means."""
         cand, batch = self.scorer.decode(model, sample, cfg, generator=generator)
-        total, per_name = self.scorer.score(cand, batch)
+        total, per_name = self.scorer.score(cand.as_list(), cand.source_index, batch)
         return pooled_mean(total), cand, per_name
 
     def _mle_gradient(self, module, sample):
@@ -208,7 +208,7 @@ class MGSCriterion(FairseqCriterion):
                 lprobs.view(-1, lprobs.size(-1)), target.view(-1), ignore_index=self.padding_idx, reduction="sum"
             )
         cand, batch = self.scorer.decode(module, sample, self.greedy_cfg)
-        total, per_name = self.scorer.score(cand, batch)
+        total, per_name = self.scorer.score(cand.as_list(), cand.source_index, batch)
         ntokens = int(target.ne(self.padding_idx).sum())
         logging_output = {
             "loss": float(nll), "nll_loss": float(nll), "ntokens": ntokens, "nsentences": sample["nsentences"],

@@ -265,3 +265,47 @@ def _beam(model, sample, cfg, prefix_tokens) -> Candidates:
         tokens[i, : len(r)] = r
     finished = torch.tensor([bool(len(r)) and int(r[-1]) == eos and len(r) <= max_len for r in rows])
     return Candidates(tokens, lengths, torch.stack(scores), finished, cfg.num_candidates)
+
+
+def sequence_log_probs(
+    model, sample: Dict, hyps: List[Tensor], source_index: Tensor, prefix_tokens: Optional[Tensor] = None
+) -> Tensor:
+    """Teacher-forced log p(y | x) = sum_t log p(y_t | y_<t, x) of every hypothesis,
+    differentiable (call under no_grad for a frozen scorer).
+
+    model: encoder-decoder (the source is ``sample['net_input']``, encoded once and
+        expanded to the hypotheses with ``source_index``) or decoder-only (the
+        hypotheses continue ``prefix_tokens[source_index]``, right-padded).
+    hyps: N 1-D LongTensors (EOS included where produced). Returns (N,).
+    """
+    dictionary = model.decoder.dictionary
+    pad, eos = dictionary.pad(), dictionary.eos()
+    device = sample["net_input"]["src_tokens"].device
+    n = len(hyps)
+    width = max((len(h) for h in hyps), default=0)
+    if _is_encoder_decoder(model):
+        target = torch.full((n, max(width, 1)), pad, dtype=torch.long, device=device)
+        prev = target.clone()
+        prev[:, 0] = eos
+        for i, h in enumerate(hyps):
+            target[i, : len(h)] = h
+            prev[i, 1 : len(h)] = h[:-1]
+        encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+        encoder_out = model.encoder.reorder_encoder_out(encoder_out, source_index.to(device))
+        net_output = model.decoder(prev, encoder_out=encoder_out)
+    else:
+        if prefix_tokens is None:
+            raise ValueError("a decoder-only model needs the prefixes the hypotheses continue")
+        prefixes = [p[p.ne(pad)] for p in prefix_tokens.index_select(0, source_index.to(prefix_tokens.device))]
+        total = max(len(p) + len(h) for p, h in zip(prefixes, hyps)) if n else 1
+        prev = torch.full((n, total), pad, dtype=torch.long, device=device)
+        target = prev.clone()
+        for i, (p, h) in enumerate(zip(prefixes, hyps)):
+            seq = torch.cat([p.new([eos]), p, h[:-1]]) if len(h) else torch.cat([p.new([eos]), p])
+            prev[i, : len(seq)] = seq
+            target[i, len(p) : len(p) + len(h)] = h  # only the hypothesis positions are scored
+        net_output = model.decoder(prev)
+    lprobs = model.get_normalized_probs(net_output, log_probs=True)
+    mask = target.ne(pad)
+    tok = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1) * mask
+    return tok.sum(dim=1)

@@ -1,1 +1,2 @@
-"""fairseq models of fairseq-ext."""
+"""fairseq models of fairseq-ext (registered on import)."""
+from fairseq_ext.models import tagging_lstm  # noqa: F401

@@ -1,2 +1,3 @@
 """fairseq tasks (registered on import)."""
 from fairseq_ext.tasks import text_completion  # noqa: F401
+from fairseq_ext.tasks import sequence_tagging  # noqa: F401
