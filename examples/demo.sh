@@ -61,7 +61,8 @@ log "[6/6] scoring"
 rows=()
 for model in mle mgs; do
   for beam in 1 4; do
-    "$PYTHON" scripts/score.py "$WORK/gen_${model}_beam$beam.out" --json "$WORK/scores_${model}_beam$beam.json" > /dev/null
+    "$PYTHON" scripts/score.py "$WORK/gen_${model}_beam$beam.out" --json "$WORK/scores_${model}_beam$beam.json" \
+      > "$WORK/score_${model}_beam$beam.log" 2>&1
     rows+=("${model^^}/beam$beam=$WORK/scores_${model}_beam$beam.json")
   done
 done

@@ -2,13 +2,15 @@
 
 torch >= 2.6 loads files with ``weights_only=True`` by default, which rejects
 fairseq checkpoints: they pickle ``argparse.Namespace`` and omegaconf configs.
-fairseq's single entry point for reading checkpoints is
-``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` (used by ``fairseq-generate
---path``, ``fairseq-train`` resuming, ``--restore-file`` and
-``load_model_ensemble``). We wrap that one function so that, while it runs, torch
-loads with ``weights_only=False``, exactly as fairseq did before torch 2.6.
-Nothing else in the process changes: a ``torch.load`` anywhere else keeps torch's
-safe default. A checkpoint is code; load only checkpoints you trust.
+fairseq reads checkpoints in two places: ``fairseq.checkpoint_utils.
+load_checkpoint_to_cpu`` (``fairseq-generate --path``, ``fairseq-train`` resuming,
+``--restore-file``, ``load_model_ensemble``) and, in data-parallel training, the
+other ranks unpickle the state that rank 0 broadcasts
+(``fairseq.distributed.utils._broadcast_object_slow``). We wrap those two
+functions so that, while they run, torch loads with ``weights_only=False``,
+exactly as fairseq did before torch 2.6. Nothing else in the process changes: a
+``torch.load`` anywhere else keeps torch's safe default. A checkpoint is code;
+load only checkpoints you trust.
 
 Without the plugin, run fairseq with ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``.
 """
@@ -45,10 +47,11 @@ def _trusting(fn: Callable) -> Callable:
 
 
 def patch_checkpoint_loading() -> None:
-    """Make fairseq's checkpoint loader work under torch >= 2.6 (idempotent)."""
+    """Make fairseq's checkpoint loading work under torch >= 2.6 (idempotent)."""
     from fairseq import checkpoint_utils
+    from fairseq.distributed import utils as distributed_utils
 
-    original = checkpoint_utils.load_checkpoint_to_cpu
-    if getattr(original, "__fairseq_ext_trusting__", False):
-        return
-    checkpoint_utils.load_checkpoint_to_cpu = _trusting(original)
+    for module, name in ((checkpoint_utils, "load_checkpoint_to_cpu"), (distributed_utils, "_broadcast_object_slow")):
+        original = getattr(module, name, None)
+        if original is not None and not getattr(original, "__fairseq_ext_trusting__", False):
+            setattr(module, name, _trusting(original))
