@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
-from fairseq.criterions import FairseqCriterion, register_criterion
+from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_ext.core.risk import mrt_risk, normalize_costs
-from fairseq_ext.generators.candidates import DecodeConfig, sequence_log_probs
-from fairseq_ext.sequence_level import BatchScorer, log_sentence_means, reference_nll, unwrap
+from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
+from fairseq_ext.generators.candidates import DecodeConfig
+from fairseq_ext.sequence_level import BatchScorer
 
 
 @dataclass
@@ -37,67 +38,39 @@ class MRTConfig(FairseqDataclass):
 
 
 @register_criterion("mrt", dataclass=MRTConfig)
-class MRTCriterion(FairseqCriterion):
+class MRTCriterion(CandidateRiskCriterion):
+    LOG_KEYS = ("loss", "risk", "cost_mean", "nll")
+
     def __init__(self, task, mrt_candidates=8, mrt_decoder="sample", mrt_topk=0, mrt_alpha=1.0,
                  mrt_include_reference=False, mrt_length_normalize=False, mrt_normalize_costs=False,
                  mrt_mle_weight=0.0, mrt_task_loss="sbleu", mrt_max_len_ratio=1.3, mrt_post_process=None):
-        super().__init__(task)
         if mrt_candidates < 1:
             raise ValueError(f"--mrt-candidates must be >= 1, got {mrt_candidates}")
         if not mrt_alpha > 0:
             raise ValueError(f"--mrt-alpha must be > 0, got {mrt_alpha}")
+        scorer = BatchScorer(task, mrt_task_loss, post_process=mrt_post_process, option="--mrt-task-loss")
+        decode_cfg = DecodeConfig(strategy=str(mrt_decoder), num_candidates=mrt_candidates, topk=mrt_topk,
+                                  max_len_ref_ratio=mrt_max_len_ratio)
+        super().__init__(task, scorer, decode_cfg, mrt_mle_weight)
         self.alpha = mrt_alpha
         self.include_reference = mrt_include_reference
         self.length_normalize = mrt_length_normalize
         self.normalize = mrt_normalize_costs
-        self.mle_weight = mrt_mle_weight
-        self.scorer = BatchScorer(task, mrt_task_loss, post_process=mrt_post_process, option="--mrt-task-loss")
-        strategy = str(mrt_decoder)
-        self.decode_cfg = DecodeConfig(strategy=strategy, num_candidates=mrt_candidates, topk=mrt_topk,
-                                       max_len_ref_ratio=mrt_max_len_ratio)
 
-    def forward(self, model, sample, reduce=True):
-        module = unwrap(model)
-        self.scorer.ensure_lm_scorer(module)
-        cand, batch = self.scorer.decode(module, sample, self.decode_cfg)
+    def candidate_set(self, module, cand, batch):
         hyps, index = cand.as_list(), cand.source_index
-        if self.include_reference:
-            refs = self.scorer.references(batch)
-            s = cand.num_per_input
-            hyps = [h for i in range(len(refs)) for h in hyps[i * s:(i + 1) * s] + [refs[i]]]
-            index = torch.arange(len(refs)).repeat_interleave(s + 1)
-        with torch.no_grad():
-            costs, _ = self.scorer.score(hyps, index, batch)
-        prefix = batch.get("prefix")
-        log_p = sequence_log_probs(module, batch, hyps, index, prefix_tokens=prefix)
-        bsz = int(index.max()) + 1 if len(hyps) else 0
-        log_p = log_p.view(bsz, -1)
+        if not self.include_reference:
+            return hyps, index
+        refs = self.scorer.references(batch)
+        s = cand.num_per_input
+        hyps = [h for i in range(len(refs)) for h in hyps[i * s:(i + 1) * s] + [refs[i]]]
+        return hyps, torch.arange(len(refs)).repeat_interleave(s + 1)
+
+    def estimator(self, module, sample, hyps, log_p, costs):
         if self.length_normalize:
-            log_p = log_p / torch.tensor([max(len(h), 1) for h in hyps], dtype=log_p.dtype).view(bsz, -1)
-        costs = costs.view(bsz, -1)
+            lengths = torch.tensor([max(len(h), 1) for h in hyps], dtype=log_p.dtype).view_as(log_p)
+            log_p = log_p / lengths
         if self.normalize:
             costs = normalize_costs(costs)
         risk = mrt_risk(log_p, costs, self.alpha)
-        loss = risk.sum()
-        nll = reference_nll(module, batch, prefix) if self.mle_weight > 0 else None
-        if nll is not None:
-            loss = loss + self.mle_weight * nll.sum()
-        logging_output = {
-            "loss": float(loss.detach()),
-            "risk": float(risk.detach().sum()),
-            "cost_mean": float(costs.mean()) * bsz,
-            "nll": float(nll.detach().sum()) if nll is not None else 0.0,
-            "ntokens": sample["ntokens"],
-            "nsentences": bsz,
-            "sample_size": bsz,
-        }
-        return loss, bsz, logging_output
-
-    @staticmethod
-    def reduce_metrics(logging_outputs) -> None:
-        log_sentence_means(logging_outputs, ("loss", "risk", "cost_mean", "nll"))
-
-    @staticmethod
-    def logging_outputs_can_be_summed() -> bool:
-        return True
-
+        return risk, {"risk": float(risk.detach().sum())}

@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
-from fairseq.criterions import FairseqCriterion, register_criterion
+from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_ext.core.risk import MovingAverageBaseline, reinforce_loss
 from fairseq_ext.core.task_losses import pooled_mean
-from fairseq_ext.generators.candidates import DecodeConfig, sequence_log_probs
-from fairseq_ext.sequence_level import BatchScorer, log_sentence_means, reference_nll, unwrap
+from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
+from fairseq_ext.generators.candidates import DecodeConfig
+from fairseq_ext.sequence_level import BatchScorer
 
 
 @dataclass
@@ -35,18 +36,19 @@ class PGConfig(FairseqDataclass):
 
 
 @register_criterion("pg", dataclass=PGConfig)
-class PGCriterion(FairseqCriterion):
+class PGCriterion(CandidateRiskCriterion):
+    LOG_KEYS = ("loss", "cost_mean", "baseline", "nll")
+
     def __init__(self, task, pg_samples=4, pg_topk=0, pg_baseline="moving", pg_baseline_decay=0.9,
                  pg_mle_weight=0.0, pg_task_loss="sbleu", pg_max_len_ratio=1.3, pg_post_process=None):
-        super().__init__(task)
         if pg_samples < 1:
             raise ValueError(f"--pg-samples must be >= 1, got {pg_samples}")
+        scorer = BatchScorer(task, pg_task_loss, post_process=pg_post_process, option="--pg-task-loss")
+        decode_cfg = DecodeConfig(strategy="sample", num_candidates=pg_samples, topk=pg_topk,
+                                  max_len_ref_ratio=pg_max_len_ratio)
+        super().__init__(task, scorer, decode_cfg, pg_mle_weight)
         self.baseline_kind = str(pg_baseline)
         self.moving = MovingAverageBaseline(pg_baseline_decay)
-        self.mle_weight = pg_mle_weight
-        self.scorer = BatchScorer(task, pg_task_loss, post_process=pg_post_process, option="--pg-task-loss")
-        self.sample_cfg = DecodeConfig(strategy="sample", num_candidates=pg_samples, topk=pg_topk,
-                                       max_len_ref_ratio=pg_max_len_ratio)
         self.greedy_cfg = DecodeConfig(max_len_ref_ratio=pg_max_len_ratio)
 
     def _baseline(self, module, sample) -> torch.Tensor:
@@ -54,46 +56,16 @@ class PGCriterion(FairseqCriterion):
         bsz = sample["nsentences"]
         if self.baseline_kind == "greedy":
             cand, batch = self.scorer.decode(module, sample, self.greedy_cfg)
-            costs, _ = self.scorer.score(cand.as_list(), cand.source_index, batch)
+            with torch.no_grad():
+                costs, _ = self.scorer.score(cand.as_list(), cand.source_index, batch)
             return costs.view(bsz, 1)
         if self.baseline_kind == "moving":
             return torch.full((bsz, 1), self.moving.get())
         return torch.zeros(bsz, 1)
 
-    def forward(self, model, sample, reduce=True):
-        module = unwrap(model)
-        self.scorer.ensure_lm_scorer(module)
+    def estimator(self, module, sample, hyps, log_p, costs):
         baseline = self._baseline(module, sample)
-        cand, batch = self.scorer.decode(module, sample, self.sample_cfg)
-        hyps = cand.as_list()
-        with torch.no_grad():
-            costs, _ = self.scorer.score(hyps, cand.source_index, batch)
-        prefix = batch.get("prefix")
-        bsz = sample["nsentences"]
-        log_p = sequence_log_probs(module, batch, hyps, cand.source_index, prefix_tokens=prefix).view(bsz, -1)
-        costs = costs.view(bsz, -1)
         per_input = reinforce_loss(log_p, costs, baseline)
-        loss = per_input.sum()
-        nll = reference_nll(module, batch, prefix) if self.mle_weight > 0 else None
-        if nll is not None:
-            loss = loss + self.mle_weight * nll.sum()
-        if model.training and self.baseline_kind == "moving":
+        if module.training and self.baseline_kind == "moving":
             self.moving.update(float(pooled_mean(costs.view(-1))))
-        logging_output = {
-            "loss": float(loss.detach()),
-            "cost_mean": float(costs.mean()) * bsz,
-            "baseline": float(baseline.mean()) * bsz,
-            "nll": float(nll.detach().sum()) if nll is not None else 0.0,
-            "ntokens": sample["ntokens"],
-            "nsentences": bsz,
-            "sample_size": bsz,
-        }
-        return loss, bsz, logging_output
-
-    @staticmethod
-    def reduce_metrics(logging_outputs) -> None:
-        log_sentence_means(logging_outputs, ("loss", "cost_mean", "baseline", "nll"))
-
-    @staticmethod
-    def logging_outputs_can_be_summed() -> bool:
-        return True
+        return per_input, {"baseline": float(baseline.mean()) * sample["nsentences"]}

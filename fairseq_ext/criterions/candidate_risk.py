@@ -1,0 +1,65 @@
+"""Shared skeleton of the action-space baselines ``mrt`` and ``pg``: decode
+candidates, score them with the task loss, differentiate log p(y | x) of each
+candidate, combine (the subclass's estimator), add the reference NLL term, log.
+The loss is summed over inputs; the sample size is the number of sentences."""
+from typing import Dict, List, Tuple
+
+import torch
+from fairseq.criterions import FairseqCriterion
+from torch import Tensor
+
+from fairseq_ext.generators.candidates import DecodeConfig, sequence_log_probs
+from fairseq_ext.sequence_level import BatchScorer, log_sentence_means, reference_nll, unwrap
+
+
+class CandidateRiskCriterion(FairseqCriterion):
+    LOG_KEYS: Tuple[str, ...] = ("loss", "cost_mean", "nll")
+
+    def __init__(self, task, scorer: BatchScorer, decode_cfg: DecodeConfig, mle_weight: float):
+        super().__init__(task)
+        self.scorer = scorer
+        self.decode_cfg = decode_cfg
+        self.mle_weight = mle_weight
+
+    def candidate_set(self, module, cand, batch) -> Tuple[List[Tensor], Tensor]:
+        """(hypotheses, index of the input each answers), grouped by input."""
+        return cand.as_list(), cand.source_index
+
+    def estimator(self, module, sample, hyps: List[Tensor], log_p: Tensor, costs: Tensor) -> Tuple[Tensor, Dict[str, float]]:
+        """(per-input loss (B,), extra logged sums) from log p and costs, both (B, S)."""
+        raise NotImplementedError
+
+    def forward(self, model, sample, reduce=True):
+        module = unwrap(model)
+        self.scorer.ensure_lm_scorer(module)
+        cand, batch = self.scorer.decode(module, sample, self.decode_cfg)
+        hyps, index = self.candidate_set(module, cand, batch)
+        with torch.no_grad():
+            costs, _ = self.scorer.score(hyps, index, batch)
+        prefix = batch.get("prefix")
+        bsz = sample["nsentences"]
+        log_p = sequence_log_probs(module, batch, hyps, index, prefix_tokens=prefix).view(bsz, -1)
+        costs = costs.view(bsz, -1)
+        per_input, extra = self.estimator(module, sample, hyps, log_p, costs)
+        loss = per_input.sum()
+        nll = reference_nll(module, batch, prefix) if self.mle_weight > 0 else None
+        if nll is not None:
+            loss = loss + self.mle_weight * nll.sum()
+        logging_output = {
+            "loss": float(loss.detach()),
+            "cost_mean": float(costs.mean()) * bsz,
+            "nll": float(nll.detach().sum()) if nll is not None else 0.0,
+            "ntokens": sample["ntokens"],
+            "nsentences": bsz,
+            "sample_size": bsz,
+            **extra,
+        }
+        return loss, bsz, logging_output
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        log_sentence_means(logging_outputs, cls.LOG_KEYS)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True
