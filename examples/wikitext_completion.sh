@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# CPU-scale text completion on WikiText-2 (MGS paper, Table 1 layout): a small
+# transformer_lm trained with MLE on the continuations, then fine-tuned with
+# MGS-LM (task loss: negative log-probability under the frozen starting model)
+# and MGS-edit under the same update budget; greedy continuations of the test
+# prefixes (k = 10, max length 500) scored with score.py: edit,
+# non-termination, repetition, average length; perplexity from fairseq-validate.
+#
+# usage: examples/wikitext_completion.sh WORK_DIR
+# env: FAIRSEQ_EXT_DATA (required), MLE_UPDATES (600), FT_UPDATES (30), MAX_LEN (500)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK=${1:?usage: $0 WORK_DIR}
+: "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
+MLE_UPDATES=${MLE_UPDATES:-600}
+FT_UPDATES=${FT_UPDATES:-30}
+MAX_LEN=${MAX_LEN:-500}
+PYTHON=${PYTHON:-python}
+mkdir -p "$WORK"
+log() { echo "==> $*"; }
+
+[ -d "$WORK/data/bin" ] || "$PYTHON" scripts/prepare_wikitext_completion.py "$FAIRSEQ_EXT_DATA/wikitext-2" "$WORK/data" \
+  --vocab-size 10000 --max-tokens-per-line 300
+TASK=(--task text_completion --context-size 10)
+MODEL=(--arch transformer_lm --decoder-layers 2 --decoder-embed-dim 128 --decoder-ffn-embed-dim 512
+  --decoder-attention-heads 4 --share-decoder-input-output-embed --dropout 0.1 --seed 1 --num-workers 0
+  --no-epoch-checkpoints --log-format simple)
+
+if [ ! -s "$WORK/mle/checkpoint_best.pt" ]; then
+  log "MLE: $MLE_UPDATES updates"
+  fairseq-train "$WORK/data/bin" --user-dir fairseq_ext "${TASK[@]}" "${MODEL[@]}" --optimizer adam --lr 0.002 \
+    --lr-scheduler inverse_sqrt --warmup-updates 100 --max-tokens 4096 --max-update "$MLE_UPDATES" \
+    --save-dir "$WORK/mle" > "$WORK/mle.log" 2>&1
+fi
+
+finetune() {  # name, criterion args...
+  local name=$1; shift
+  [ -s "$WORK/$name/checkpoint_last.pt" ] && return 0
+  log "$name: $FT_UPDATES updates from the MLE model"
+  fairseq-train "$WORK/data/bin" --user-dir fairseq_ext "${TASK[@]}" "${MODEL[@]}" \
+    --restore-file "$WORK/mle/checkpoint_best.pt" --reset-optimizer --reset-dataloader --reset-meters \
+    --reset-lr-scheduler --optimizer adam --lr 0.0005 --max-tokens 1024 --max-update "$FT_UPDATES" \
+    --save-dir "$WORK/$name" --disable-validation --log-interval 5 "$@" > "$WORK/$name.log" 2>&1
+}
+finetune mgs_lm --criterion mgs --mgs-task-loss lm --mgs-alpha 1
+finetune mgs_edit --criterion mgs --mgs-task-loss edit --mgs-alpha 1
+
+rows=()
+for name in mle mgs_lm mgs_edit; do
+  ckpt="$WORK/$name/checkpoint_$([ "$name" = mle ] && echo best || echo last).pt"
+  out="$WORK/gen_$name.out"
+  [ -s "$out" ] || fairseq-generate "$WORK/data/bin" --user-dir fairseq_ext "${TASK[@]}" --path "$ckpt" \
+    --gen-subset valid --beam 1 --batch-size 64 --max-len-b $((MAX_LEN + 10)) > "$out" 2> "$WORK/gen_$name.log"
+  "$PYTHON" scripts/score.py "$out" --max-len "$MAX_LEN" --json "$WORK/scores_$name.json" > /dev/null 2>&1
+  fairseq-validate "$WORK/data/bin" --user-dir fairseq_ext "${TASK[@]}" --path "$ckpt" --valid-subset valid \
+    --max-tokens 4096 2>&1 | grep -E "valid on" | sed "s/^/$name: /" || true
+  rows+=("$name=$WORK/scores_$name.json")
+done
+"$PYTHON" examples/print_table.py "${rows[@]}"
