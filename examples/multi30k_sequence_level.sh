@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CPU-scale comparison on Multi30k De-En (MGS paper, Table 4 layout): an MLE
 # transformer, then fine-tuning with MGS-sBLEU, MGS-edit, MRT and PG under the
-# same update budget; BLEU with beam 5, sentence BLEU and edit with greedy.
+# same update budget, against the control of continuing MLE for that budget
+# (mle_cont); BLEU with beam 5, sentence BLEU and edit with greedy.
 #
 # usage: examples/multi30k_sequence_level.sh WORK_DIR
 # env: FAIRSEQ_EXT_DATA (required), MLE_UPDATES (300), FT_UPDATES (60), VOCAB (2000)
@@ -37,13 +38,14 @@ finetune() {  # name, criterion args...
     --lr 0.0003 --max-tokens 2048 --max-update "$FT_UPDATES" --save-dir "$WORK/$name" --disable-validation \
     --log-interval 10 "$@" > "$WORK/$name.log" 2>&1
 }
+finetune mle_cont --criterion label_smoothed_cross_entropy --label-smoothing 0.1
 finetune mgs_sbleu --criterion mgs --mgs-task-loss sbleu --mgs-alpha 100 --mgs-post-process sentencepiece
 finetune mgs_edit --criterion mgs --mgs-task-loss edit --mgs-alpha 100
 finetune mrt --criterion mrt --mrt-task-loss sbleu --mrt-candidates 4 --mrt-post-process sentencepiece
 finetune pg --criterion pg --pg-task-loss sbleu --pg-samples 4 --pg-post-process sentencepiece
 
 rows=()
-for name in mle mgs_sbleu mgs_edit mrt pg; do
+for name in mle mle_cont mgs_sbleu mgs_edit mrt pg; do
   for beam in 1 5; do
     out="$WORK/gen_${name}_beam$beam.out"
     [ -s "$out" ] || fairseq-generate "$WORK/data/bin" --user-dir fairseq_ext --path "$WORK/$name/checkpoint_last.pt" \
