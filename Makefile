@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# Default: the CPU wheel. For a CUDA build: make test TORCH_SPEC="torch==2.13.0 --index-url ..."
+# Default: the CPU wheel. For a CUDA build: make test TORCH_SPEC="torch==2.13.0 --index-url <a CUDA wheel index>"
 TORCH_SPEC ?= torch==2.13.0
 # fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed is its patched successor.
 FAIRSEQ_SPEC ?= $(shell $(PYTHON) -c 'import sys; print("fairseq-fixed==0.12.3.1" if sys.version_info >= (3, 11) else "fairseq==0.12.2")')
@@ -52,6 +52,7 @@ demo: install
 
 bench: install
 	$(PY) bench/bench_decoding.py
+	$(PY) bench/bench_mgs.py
 
 clean-venv:
 	rm -rf $(VENV)
