@@ -88,3 +88,14 @@ def test_mrt_and_pg_lower_their_risk(toy_bin, mle_ckpt, tmp_path, criterion, key
     values = [float(m.group(1)) for m in re.finditer(rf"\| train_inner \|.* {key}=([0-9.]+)", out.stdout + out.stderr)]
     assert len(values) == 6, (out.stdout + out.stderr)[-2000:]
     assert values[-1] < values[0], values
+
+
+def test_mgs_lm_cost_with_score_model(toy_bin, mle_ckpt, tmp_path):
+    """--mgs-task-loss lm scored by a given checkpoint (conditional on the source)."""
+    out = _finetune(toy_bin, mle_ckpt, str(tmp_path / "lm"), 2,
+                    ["--mgs-task-loss", "lm", "--mgs-score-model", mle_ckpt])
+    costs = [float(m.group(1)) for m in re.finditer(r"\| train_inner \|.* loss=([0-9.]+)", out.stdout + out.stderr)]
+    assert len(costs) == 2 and all(c > 0 for c in costs)  # negative log-probabilities of whole sequences
+    with pytest.raises(AssertionError, match="missing.pt"):
+        _finetune(toy_bin, mle_ckpt, str(tmp_path / "lm2"), 1,
+                  ["--mgs-task-loss", "lm", "--mgs-score-model", str(tmp_path / "missing.pt")])
