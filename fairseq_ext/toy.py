@@ -124,6 +124,51 @@ def binarize_lines(raw_dir: str, dest_dir: str) -> str:
     return dest_dir
 
 
+# Toy CoNLL-2003 data (NER / POS columns) for the sequence_tagging tests
+
+_PER_FIRST, _PER_LAST = ["John", "Mary", "Anna", "Peter"], ["Smith", "Brown", "Jones"]
+_CITIES, _ORGS = ["Paris", "London", "Berlin", "Rome"], ["Acme", "Reuters", "Siemens"]
+_FILL = [("the", "DT"), ("said", "VBD"), ("in", "IN"), ("visited", "VBD"), ("met", "VBD"), ("on", "IN"),
+         ("Monday", "NNP"), ("1996", "CD"), ("and", "CC"), ("shares", "NNS")]
+
+
+def _toy_entity(rng: random.Random) -> List[Tuple[str, str, str]]:
+    kind = rng.choice(["PER", "LOC", "ORG"])
+    if kind == "PER":
+        words = [rng.choice(_PER_FIRST)] + ([rng.choice(_PER_LAST)] if rng.random() < 0.5 else [])
+    elif kind == "LOC":
+        words = [rng.choice(_CITIES)]
+    else:
+        words = [rng.choice(_ORGS)] + (["Corp"] if rng.random() < 0.5 else [])
+    return [(w, "NNP", ("B-" if i == 0 else "I-") + kind) for i, w in enumerate(words)]
+
+
+def _toy_tagged_sentence(rng: random.Random) -> List[Tuple[str, str, str]]:
+    out = []
+    for _ in range(rng.randint(1, 6)):
+        if rng.random() < 0.35 and (not out or out[-1][2] == "O"):
+            out += _toy_entity(rng)
+        else:
+            w, p = rng.choice(_FILL)
+            out.append((w, p, "O"))
+    return out
+
+
+def write_toy_conll(root: str, sizes: Sequence[int] = (200, 30, 31), seed: int = 0) -> str:
+    """train/dev/test.txt in CoNLL-2003 columns, with -DOCSTART- markers; entities
+    are always followed or preceded by an O word, so the labels are learnable."""
+    rng = random.Random(seed)
+    os.makedirs(root, exist_ok=True)
+    for name, n in zip(("train.txt", "dev.txt", "test.txt"), sizes):
+        with open(os.path.join(root, name), "w", encoding="utf-8") as f:
+            for i in range(n):
+                if i % 50 == 0:
+                    f.write("-DOCSTART- -X- -X- O\n\n")
+                f.writelines(f"{w} {p} {t}\n" for w, p, t in _toy_tagged_sentence(rng))
+                f.write("\n")
+    return str(root)
+
+
 TINY_ARCHS = {
     "transformer": ["--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1",
                     "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",

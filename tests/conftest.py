@@ -68,3 +68,15 @@ def run_cli(args, cwd=None, env=None, timeout=600):
     if proc.returncode != 0:
         raise AssertionError(f"command failed ({proc.returncode}): {' '.join(args)}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+@pytest.fixture(scope="session")
+def conll(tmp_path_factory):
+    """A small toy CoNLL-2003 directory (train/dev/test.txt) for sequence_tagging."""
+    return toy.write_toy_conll(str(tmp_path_factory.mktemp("conll")))
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory):
+    """A cache directory for sequence_tagging's binarized splits."""
+    return str(tmp_path_factory.mktemp("tagging_cache"))

@@ -5,7 +5,6 @@ on a small written fixture and on CoNLL-2003 ($FAIRSEQ_EXT_DATA)."""
 import argparse
 import json
 import os
-import random
 
 import pytest
 import torch
@@ -18,60 +17,7 @@ from fairseq_ext.generators.candidates import DecodeConfig, decode_candidates
 
 SCORER = os.path.join(REPO, "scripts", "score_tagging.py")
 
-# --------------------------------------------------------------------- fixture data
-
-_FIRST, _LAST = ["John", "Mary", "Anna", "Peter"], ["Smith", "Brown", "Jones"]
-_CITIES, _ORGS = ["Paris", "London", "Berlin", "Rome"], ["Acme", "Reuters", "Siemens"]
-_FILL = [("the", "DT"), ("said", "VBD"), ("in", "IN"), ("visited", "VBD"), ("met", "VBD"), ("on", "IN"),
-         ("Monday", "NNP"), ("1996", "CD"), ("and", "CC"), ("shares", "NNS")]
-
-
-def _entity(rng):
-    kind = rng.choice(["PER", "LOC", "ORG"])
-    if kind == "PER":
-        words = [rng.choice(_FIRST)] + ([rng.choice(_LAST)] if rng.random() < 0.5 else [])
-    elif kind == "LOC":
-        words = [rng.choice(_CITIES)]
-    else:
-        words = [rng.choice(_ORGS)] + (["Corp"] if rng.random() < 0.5 else [])
-    return [(w, "NNP", ("B-" if i == 0 else "I-") + kind) for i, w in enumerate(words)]
-
-
-def _sentence(rng):
-    out = []
-    for _ in range(rng.randint(1, 6)):
-        if rng.random() < 0.35 and (not out or out[-1][2] == "O"):
-            out += _entity(rng)
-        else:
-            w, p = rng.choice(_FILL)
-            out.append((w, p, "O"))
-    return out
-
-
-def write_conll_fixture(root, sizes=(200, 30, 31), seed=0):
-    """train/dev/test.txt in CoNLL-2003 columns, with -DOCSTART- markers; entities
-    are always followed or preceded by an O word, so the labels are learnable."""
-    rng = random.Random(seed)
-    os.makedirs(root, exist_ok=True)
-    for name, n in zip(("train.txt", "dev.txt", "test.txt"), sizes):
-        with open(os.path.join(root, name), "w", encoding="utf-8") as f:
-            for i in range(n):
-                if i % 50 == 0:
-                    f.write("-DOCSTART- -X- -X- O\n\n")
-                f.writelines(f"{w} {p} {t}\n" for w, p, t in _sentence(rng))
-                f.write("\n")
-    return str(root)
-
-
-@pytest.fixture(scope="module")
-def conll(tmp_path_factory):
-    return write_conll_fixture(tmp_path_factory.mktemp("conll"))
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("tagging_cache"))
-
+# --------------------------------------------------------------------- helpers
 
 def build(data, cache_dir, *extra, arch="tagging_lstm_tiny", seed=1):
     """(task, model) as fairseq-train builds them; the model in eval mode."""

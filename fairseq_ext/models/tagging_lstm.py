@@ -109,7 +109,7 @@ class FixedAttentionLSTMDecoder(FairseqIncrementalDecoder):
     def __init__(self, dictionary, encoder_dim: int, embed_dim: int, hidden_size: int, dropout: float,
                  forced_length: bool, max_positions: int):
         super().__init__(dictionary)
-        self.embed_labels = nn.Embedding(len(dictionary), embed_dim, padding_idx=dictionary.pad())
+        self.embed_tokens = nn.Embedding(len(dictionary), embed_dim, padding_idx=dictionary.pad())
         self.lstm = nn.LSTM(embed_dim + encoder_dim, hidden_size, batch_first=True)
         self.dropout = nn.Dropout(dropout)
         self.fc_out = nn.Linear(hidden_size, len(dictionary))
@@ -128,7 +128,7 @@ class FixedAttentionLSTMDecoder(FairseqIncrementalDecoder):
         """One or more recurrence steps on given inputs (no masking).
 
         prev_embed: (N, T, E) previous-label embeddings (one-hot rows of
-            ``embed_labels.weight`` or any mixture of them); context: (N, T, C)
+            ``embed_tokens.weight`` or any mixture of them); context: (N, T, C)
             encoder states of those steps (``fixed_attention``); state: the
             previous ``{"hidden", "cell"}`` of shape (N, H) each, or None (zeros).
         Returns the scores (N, T, V) and the state after the last step.
@@ -157,7 +157,7 @@ class FixedAttentionLSTMDecoder(FairseqIncrementalDecoder):
             state = self.get_incremental_state(incremental_state, "lstm_state")
         enc = encoder_out["encoder_out"][0]
         context = fixed_attention(enc, start, prev_output_tokens.size(1))
-        logits, new_state = self.step(self.embed_labels(prev_output_tokens), context, state)
+        logits, new_state = self.step(self.embed_tokens(prev_output_tokens), context, state)
         if incremental_state is not None:
             self.set_incremental_state(incremental_state, "lstm_state", new_state)
         if self.forced_length:

@@ -1,0 +1,173 @@
+"""``--criterion differentiable_scheduled_sampling``: (differentiable) scheduled
+sampling (Goyal thesis, section 3.3; Bengio et al. 2015 for the hard modes).
+
+Each training step flips a coin per target position: with probability eps the
+decoder is fed the gold previous token (teacher forcing), otherwise the decision
+taken on its own scores of the previous step, in one of four modes
+(``fairseq_ext.core.relaxations``): the alpha-soft argmax e-bar (section 3.3.2),
+the soft Gumbel sample e-tilde, or the discrete argmax / sample of plain
+scheduled sampling, the baseline. The loss is the cross-entropy of the gold
+token at every position (eq. 3.2 with the mixed history). The target is decoded
+left to right through the decoder's incremental state, and nothing is detached,
+so the gradient reaches earlier steps through every soft decision: the credit
+assignment the relaxation exists for. ``--dss-passes P`` replaces the T
+incremental steps by P parallel passes (an approximation).
+
+eps and alpha follow schedules of the epoch or update (``--dss-schedule-unit``)
+that are pure functions of fairseq's own counters, so they survive a resume.
+When eps = 1 (the warm-up) or no position of a batch is model-fed, the step is
+an ordinary teacher-forced forward (the tests check that the sequential pass with
+eps = 1 gives the same loss). Validation is teacher-forced cross-entropy.
+"""
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from fairseq import metrics, utils
+from fairseq.criterions import FairseqCriterion, register_criterion
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from omegaconf import II
+
+from fairseq_ext.core.relaxations import DECISION_MODES
+from fairseq_ext.core.schedules import EPS_SCHEDULES, check_eps_schedule, exponential_growth, teacher_forcing_prob
+from fairseq_ext.core.token_losses import label_smoothed_nll
+from fairseq_ext.criterions.clock import TrainingClock
+from fairseq_ext.generators.soft_inputs import (
+    check_plain_output_layer,
+    decoder_embedding,
+    make_noise_fn,
+    run_scheduled_sampling,
+)
+
+
+@dataclass
+class DSSConfig(FairseqDataclass):
+    dss_mode: ChoiceEnum(DECISION_MODES) = field(
+        default="soft-argmax",
+        metadata={"help": "what a model-fed position receives: soft-argmax / soft-sample (the relaxations) or "
+                          "hard-argmax / hard-sample (plain scheduled sampling, the baseline)"},
+    )
+    dss_schedule: ChoiceEnum(EPS_SCHEDULES) = field(
+        default="inverse_sigmoid",
+        metadata={"help": "decay of eps, the gold-token probability, after the warm-up: k/(k+exp(t/k)), "
+                          "k^t, 1-slope*t, or 0 (always feed the model's decisions)"},
+    )
+    dss_schedule_unit: ChoiceEnum(["epoch", "update"]) = field(
+        default="epoch", metadata={"help": "t counts epochs completed or updates done"}
+    )
+    dss_warmup: float = field(
+        default=1.0, metadata={"help": "teacher forcing (eps = 1) for this many schedule units first"}
+    )
+    dss_decay_k: float = field(
+        default=10.0, metadata={"help": "k: inverse sigmoid strength (>= 1, larger = gentler) or exponential base"}
+    )
+    dss_decay_slope: float = field(default=0.1, metadata={"help": "slope of the linear schedule"})
+    dss_min_eps: float = field(default=0.0, metadata={"help": "floor of eps"})
+    dss_alpha: float = field(default=1.0, metadata={"help": "alpha of the peaked softmax (soft modes)"})
+    dss_alpha_growth: float = field(
+        default=1.0, metadata={"help": "alpha is multiplied by this per schedule unit after the warm-up (1 = fixed)"}
+    )
+    dss_alpha_max: float = field(default=1e4, metadata={"help": "cap of the annealed alpha"})
+    dss_passes: int = field(
+        default=0,
+        metadata={"help": "0: exact left-to-right decoding; P >= 2: P parallel passes, each fed the previous "
+                          "pass's decisions (approximation, faster for transformers)"},
+    )
+    label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing epsilon"})
+    sentence_avg: bool = II("optimization.sentence_avg")
+
+
+@register_criterion("differentiable_scheduled_sampling", dataclass=DSSConfig)
+class DifferentiableScheduledSampling(FairseqCriterion):
+    def __init__(self, task, dss_mode="soft-argmax", dss_schedule="inverse_sigmoid", dss_schedule_unit="epoch",
+                 dss_warmup=1.0, dss_decay_k=10.0, dss_decay_slope=0.1, dss_min_eps=0.0, dss_alpha=1.0,
+                 dss_alpha_growth=1.0, dss_alpha_max=1e4, dss_passes=0, label_smoothing=0.0, sentence_avg=False):
+        super().__init__(task)
+        try:
+            check_eps_schedule(str(dss_schedule), dss_decay_k, dss_decay_slope, dss_min_eps)
+        except ValueError as e:
+            raise ValueError(f"--dss-schedule {dss_schedule}: {e} (--dss-decay-k / --dss-decay-slope / "
+                             "--dss-min-eps)") from None
+        if not dss_alpha > 0 or not dss_alpha_growth > 0 or not dss_alpha_max >= dss_alpha:
+            raise ValueError("--dss-alpha and --dss-alpha-growth must be > 0 and --dss-alpha-max >= --dss-alpha, "
+                             f"got {dss_alpha}, {dss_alpha_growth}, {dss_alpha_max}")
+        if dss_passes == 1 or dss_passes < 0:
+            raise ValueError(f"--dss-passes must be 0 (exact) or >= 2, got {dss_passes}")
+        if dss_warmup < 0:
+            raise ValueError(f"--dss-warmup must be >= 0, got {dss_warmup}")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
+        self.mode = str(dss_mode)
+        self.schedule = str(dss_schedule)
+        self.unit = str(dss_schedule_unit)
+        self.warmup = dss_warmup
+        self.k, self.slope, self.min_eps = dss_decay_k, dss_decay_slope, dss_min_eps
+        self.alpha0, self.alpha_growth, self.alpha_max = dss_alpha, dss_alpha_growth, dss_alpha_max
+        self.passes = dss_passes
+        self.label_smoothing = label_smoothing
+        self.sentence_avg = sentence_avg
+        self.clock = TrainingClock(task)
+
+    def schedule_values(self):
+        """(eps, alpha) at the clock's current epoch / update."""
+        counter = self.clock.counter(self.unit)
+        eps = teacher_forcing_prob(self.schedule, counter, self.warmup, self.k, self.slope, self.min_eps)
+        alpha = exponential_growth(self.alpha0, self.alpha_growth, counter - self.warmup, self.alpha_max)
+        return eps, alpha
+
+    def model_fed_mask(self, prev_output_tokens: torch.Tensor, eps: float) -> torch.Tensor:
+        """(N, T) bool: positions fed the model's decision, each with probability
+        1 - eps; never position 0 (the BOS / EOS that starts decoding) or padding."""
+        fed = torch.rand(prev_output_tokens.shape, device=prev_output_tokens.device) >= eps
+        fed[:, 0] = False
+        return fed & prev_output_tokens.ne(self.padding_idx)
+
+    def forward(self, model, sample, reduce=True):
+        net_input = sample["net_input"]
+        eps, alpha = self.schedule_values()
+        fed = None
+        if model.training and eps < 1.0:
+            check_plain_output_layer(model.decoder)
+            decoder_embedding(model.decoder)
+            fed = self.model_fed_mask(net_input["prev_output_tokens"], eps)
+        if fed is None or not bool(fed.any()):
+            logits = model(**net_input)[0]
+        else:
+            logits, _ = run_scheduled_sampling(model, net_input, fed, self.mode, alpha, self.passes,
+                                               make_noise_fn(self.mode))
+        lprobs = model.get_normalized_probs((logits, None), log_probs=True)
+        target = model.get_targets(sample, (logits, None))
+        loss, nll_loss = label_smoothed_nll(lprobs.view(-1, lprobs.size(-1)), target.view(-1),
+                                            self.label_smoothing, self.padding_idx)
+        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+        logging_output = {
+            "loss": loss.data,
+            "nll_loss": nll_loss.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample["target"].size(0),
+            "sample_size": sample_size,
+        }
+        if model.training:
+            logging_output.update(dss_eps=eps, dss_alpha=alpha, dss_steps=1,
+                                  dss_model_fed=0 if fed is None else int(fed.sum()))
+        return loss, sample_size, logging_output
+
+    @staticmethod
+    def reduce_metrics(logging_outputs) -> None:
+        def total(key):
+            return utils.item(sum(log.get(key, 0) for log in logging_outputs))
+
+        sample_size, ntokens = total("sample_size"), total("ntokens")
+        metrics.log_scalar("loss", total("loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)
+        metrics.log_scalar("nll_loss", total("nll_loss") / max(ntokens, 1) / math.log(2), ntokens, round=3)
+        metrics.log_derived("ppl", lambda m: utils.get_perplexity(m["nll_loss"].avg))
+        steps = total("dss_steps")
+        if steps > 0:
+            metrics.log_scalar("dss_eps", total("dss_eps") / steps, steps, round=4)
+            metrics.log_scalar("dss_alpha", total("dss_alpha") / steps, steps, round=3)
+            metrics.log_scalar("dss_fed", total("dss_model_fed") / max(ntokens, 1), ntokens, round=4)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True

@@ -1,0 +1,153 @@
+"""Feed a fairseq decoder embeddings that are not rows of its embedding table
+(soft decisions, mixtures), without changing the model.
+
+The mechanism is a forward hook on the decoder's token embedding module
+(``decoder.embed_tokens``: fairseq's ``transformer`` and ``lstm`` decoders and our
+``tagging_lstm`` all have one): the decoder is called with ordinary token ids, and
+the hook replaces the embedding lookup's output at chosen positions by given
+vectors. Everything the decoder derives from the token ids (learned or sinusoidal
+positions, padding masks, the incremental-state slicing to the last token) and
+everything it applies after the lookup (``embed_scale``, ``project_in_dim``,
+dropout, layer norms) is therefore exactly what it is for token inputs. The
+encoder is run before the hook is armed, so a shared source / target embedding
+(``--share-all-embeddings``) is not affected.
+
+``run_scheduled_sampling`` uses it to decode a target left to right (through the
+decoder's incremental state, the recurrence of Goyal thesis 3.3.2) or in N parallel
+passes, with each position fed the gold token or the previous step's decision.
+"""
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from fairseq_ext.core.relaxations import decision_embedding, gumbel_noise, is_sample
+
+NoiseFn = Callable[[Tensor], Tensor]
+
+
+class EmbeddingOverride:
+    """A forward hook on ``embedding`` that, while armed with ``set(mask, embeds)``,
+    returns ``where(mask, embeds, lookup)``: mask (N, T) bool, embeds (N, T, E)
+    matching the lookup's output (N, T, E). Use as a context manager; ``clear()``
+    disarms it (lookups pass through)."""
+
+    def __init__(self, embedding: nn.Module):
+        self.embedding = embedding
+        self.mask: Optional[Tensor] = None
+        self.embeds: Optional[Tensor] = None
+        self.calls = 0
+        self._handle = None
+
+    def __enter__(self) -> "EmbeddingOverride":
+        self._handle = self.embedding.register_forward_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handle.remove()
+        self.clear()
+
+    def set(self, mask: Tensor, embeds: Tensor) -> None:
+        self.mask, self.embeds = mask, embeds
+
+    def clear(self) -> None:
+        self.mask, self.embeds = None, None
+
+    def _hook(self, module: nn.Module, inputs, output: Tensor) -> Tensor:
+        self.calls += 1
+        if self.mask is None:
+            return output
+        if output.shape[:-1] != self.mask.shape or output.shape != self.embeds.shape:
+            raise RuntimeError(
+                f"embedding override: the decoder looked up {tuple(output.shape)} embeddings, the override "
+                f"has mask {tuple(self.mask.shape)} and embeddings {tuple(self.embeds.shape)}"
+            )
+        return torch.where(self.mask.unsqueeze(-1), self.embeds.to(output.dtype), output)
+
+
+def decoder_embedding(decoder: nn.Module) -> nn.Embedding:
+    """The decoder's input token embedding (``decoder.embed_tokens``), with a clear
+    error for decoders that have none."""
+    embedding = getattr(decoder, "embed_tokens", None)
+    if not isinstance(embedding, nn.Embedding):
+        raise TypeError(
+            f"{type(decoder).__name__} has no token embedding module 'embed_tokens' (nn.Embedding); soft "
+            "inputs need one (fairseq's transformer and lstm decoders and tagging_lstm have it)"
+        )
+    return embedding
+
+
+def check_plain_output_layer(decoder: nn.Module) -> None:
+    if getattr(decoder, "adaptive_softmax", None) is not None:
+        raise ValueError("soft decisions need the decoder's full output scores: adaptive softmax is not supported")
+
+
+def make_noise_fn(mode: str, generator: Optional[torch.Generator] = None) -> Optional[NoiseFn]:
+    """Gumbel noise of the shape of given scores for the sample modes, else None."""
+    if not is_sample(mode):
+        return None
+    return lambda scores: gumbel_noise(scores.shape, generator=generator, device=scores.device, dtype=torch.float32)
+
+
+def run_scheduled_sampling(
+    model,
+    net_input: Dict[str, Tensor],
+    model_fed: Tensor,
+    mode: str,
+    alpha: float,
+    passes: int = 0,
+    noise_fn: Optional[NoiseFn] = None,
+) -> Tuple[Tensor, List[Tensor]]:
+    """Decoder scores of a scheduled-sampling pass.
+
+    net_input: a fairseq batch's ``net_input`` (``src_tokens``, ``src_lengths``,
+    ``prev_output_tokens`` (N, T)). model_fed: (N, T) bool, True where position i
+    is fed the decision on the scores of position i - 1 instead of the gold token
+    ``prev_output_tokens[:, i]`` (must be False at i = 0 and at padding).
+
+    passes = 0: exact, left to right through the incremental state; the decision
+    at i is taken on the scores of step i - 1 of this very pass, so gradients flow
+    back through every earlier decision (soft modes). passes = P >= 2: the
+    parallel approximation: pass 1 is teacher-forced, pass p feeds the decisions
+    on pass p - 1's scores; P full-sequence forwards instead of T incremental steps.
+
+    Returns the scores (N, T, V) the loss is computed on, and the per-step scores
+    (T tensors (N, V)) the decisions were taken on in the exact mode (empty list
+    for passes >= 2).
+    """
+    if passes == 1 or passes < 0:
+        raise ValueError(f"passes must be 0 (exact) or >= 2, got {passes}")
+    if is_sample(mode) and noise_fn is None:
+        raise ValueError(f"mode {mode!r} needs a noise_fn")
+    decoder = model.decoder
+    check_plain_output_layer(decoder)
+    embed_weight = decoder_embedding(decoder).weight
+    prev = net_input["prev_output_tokens"]
+    encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input.get("src_lengths"))
+
+    def decide(scores: Tensor) -> Tensor:
+        noise = noise_fn(scores) if noise_fn is not None else None
+        return decision_embedding(scores, embed_weight, mode, alpha, noise)
+
+    with EmbeddingOverride(decoder_embedding(decoder)) as override:
+        if passes == 0:
+            return _sequential(decoder, prev, encoder_out, model_fed, decide, override)
+        logits, _ = decoder(prev, encoder_out=encoder_out)
+        for _ in range(passes - 1):
+            decided = decide(logits[:, :-1])
+            override.set(model_fed, torch.cat([torch.zeros_like(decided[:, :1]), decided], dim=1))
+            logits, _ = decoder(prev, encoder_out=encoder_out)
+        return logits, []
+
+
+def _sequential(decoder, prev: Tensor, encoder_out, model_fed: Tensor, decide, override) -> Tuple[Tensor, List[Tensor]]:
+    incremental_state: Dict = {}
+    step_scores: List[Tensor] = []
+    for i in range(prev.size(1)):
+        override.clear()
+        if i > 0 and bool(model_fed[:, i].any()):
+            override.set(model_fed[:, i : i + 1], decide(step_scores[-1]).unsqueeze(1))
+        logits, _ = decoder(prev[:, : i + 1], encoder_out=encoder_out, incremental_state=incremental_state)
+        step_scores.append(logits[:, -1])
+    return torch.stack(step_scores, dim=1), step_scores
