@@ -53,6 +53,7 @@ demo: install
 bench: install
 	$(PY) bench/bench_decoding.py
 	$(PY) bench/bench_mgs.py
+	$(PY) bench/bench_dss.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -54,7 +54,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,6 +68,8 @@ from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 from fairseq_ext import toy  # noqa: E402
 from fairseq_ext.generators.candidates import Candidates, DecodeConfig, decode_candidates  # noqa: E402
 from fairseq_ext.tasks.text_completion import prefix_sample  # noqa: E402
+
+import timing  # noqa: E402  (bench/timing.py)
 
 # appended after toy.TINY_ARCHS[arch]: argparse keeps the last value of a repeated option
 MODERATE_ARCHS = {
@@ -164,28 +165,6 @@ def early_stopping_copy(model, sample: Dict, prefix: Optional[torch.Tensor], max
     return copy_.eval()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_pair(fns: Dict[str, Callable], warmup: int, repeats: int, device: torch.device):
-    """Median ms of each function over ``repeats`` interleaved calls (after ``warmup``
-    rounds), and each function's last output."""
-    times: Dict[str, List[float]] = {k: [] for k in fns}
-    last: Dict[str, object] = {}
-    names = list(fns)
-    for r in range(warmup + repeats):
-        for name in names if r % 2 == 0 else names[::-1]:
-            _sync(device)
-            t = time.perf_counter()
-            last[name] = fns[name]()
-            _sync(device)
-            if r >= warmup:
-                times[name].append(1000 * (time.perf_counter() - t))
-    return {k: statistics.median(v) for k, v in times.items()}, last
-
-
 def peak_mib(fn: Callable, device: torch.device) -> Optional[float]:
     """Peak CUDA memory of one call above what was allocated before it (MiB); None on CPU."""
     if device.type != "cuda":
@@ -194,7 +173,7 @@ def peak_mib(fn: Callable, device: torch.device) -> Optional[float]:
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
     fn()
-    _sync(device)
+    timing.sync(device)
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
@@ -240,7 +219,7 @@ def bench_setting(model, tgt_dict, sample, prefix, strategy: str, max_len: int, 
         with torch.no_grad():
             return sg.generate([model], sample, prefix_tokens=prefix)
 
-    ms, out = time_pair({"ours": ours, "sg": theirs}, args.warmup, args.repeats, device)
+    ms, out = timing.interleaved({"ours": ours, "sg": theirs}, args.warmup, args.repeats, device)
     cand, rows = out["ours"], sg_rows(out["sg"], k, max_len, eos)
     n_ours, n_sg = cand.tokens.size(0), len(rows)
     mismatched = greedy_mismatches(cand, rows, eos) if strategy == "greedy" else (0, 0)

@@ -83,6 +83,8 @@ from fairseq_ext.core.mgs import ParameterSearch, clip_grad_  # noqa: E402
 from fairseq_ext.criterions.mgs import MGSCriterion  # noqa: E402
 from fairseq_ext.generators.candidates import DecodeConfig, decode_candidates  # noqa: E402
 
+import timing  # noqa: E402  (bench/timing.py)
+
 # appended after toy.TINY_ARCHS["transformer"]: argparse keeps the last value of a repeated option
 SPEED_ARCH = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
               "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
@@ -138,34 +140,17 @@ def mle_step(model, sample: Dict, crit) -> None:
     loss.backward()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-CLOCKS = {"process": time.process_time, "wall": time.perf_counter}
 _clock = time.perf_counter
 
 
 def timed(fn: Callable, device: torch.device) -> float:
     """ms of one call on the ``--clock``."""
-    _sync(device)
-    t = _clock()
-    fn()
-    _sync(device)
-    return 1000 * (_clock() - t)
+    return timing.timed(fn, device, _clock)
 
 
 def median_ms(fns: Dict[str, Callable], warmup: int, repeats: int, device: torch.device) -> Dict[str, float]:
     """Median ms of each function over ``repeats`` interleaved calls after ``warmup`` rounds."""
-    times: Dict[str, List[float]] = {k: [] for k in fns}
-    names = list(fns)
-    for r in range(warmup + repeats):
-        for name in names if r % 2 == 0 else names[::-1]:
-            ms = timed(fns[name], device)
-            if r >= warmup:
-                times[name].append(ms)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return timing.interleaved(fns, warmup, repeats, device, _clock)[0]
 
 
 def breakdown(model, sample: Dict, crit: MGSCriterion, args, device: torch.device) -> Dict[str, float]:
@@ -367,7 +352,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mem-batch-size", type=int, default=16, help="memory: sentences per batch")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per setting (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per setting")
-    p.add_argument("--clock", choices=list(CLOCKS),
+    p.add_argument("--clock", choices=list(timing.CLOCKS),
                    help="process CPU time (default on CPU: robust to other processes on a shared machine) "
                         "or wall time (default on CUDA)")
     p.add_argument("--seed", type=int, default=1)
@@ -393,7 +378,7 @@ def main(argv=None) -> None:
     global _clock
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    _clock = CLOCKS[args.clock]
+    _clock = timing.CLOCKS[args.clock]
     if args.memory_child:
         memory_child(args)
         return

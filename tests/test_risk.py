@@ -1,6 +1,5 @@
 """core/risk.py: MRT risk and its gradient (eq. 6-7) by hand, the alpha limit, and
 REINFORCE on an enumerable toy: the Monte Carlo gradient matches the exact one."""
-import math
 
 import pytest
 import torch

@@ -9,7 +9,6 @@ import os
 import pytest
 import torch
 from fairseq import checkpoint_utils, options, tasks, utils
-from fairseq.sequence_generator import SequenceGenerator
 
 from conftest import REPO, run_cli
 from fairseq_ext.core import tagging_metrics
@@ -315,6 +314,29 @@ def test_cli_train_generate_score(conll, tmp_path):
     js = json.loads(run_cli(["python", SCORER, str(out_file), "--json", "-"]).stdout)
     assert js["sentences"] == 31 and js["scheme"] == "chunk"
     assert js["f1"] > 80.0, js
+
+
+def test_eval_tagging_logs_the_scorers_greedy_f1(conll, tmp_path):
+    """--eval-tagging: the validation f1 / tag_acc that fairseq-train logs (and
+    selects checkpoints on) equal score_tagging.py on fairseq-generate's greedy
+    output for the same checkpoint and split."""
+    cache_dir, save = str(tmp_path / "cache"), str(tmp_path / "ckpt")
+    task_args = ["--tag-column", "ner", "--cache-dir", cache_dir]
+    train = run_cli(["fairseq-train", conll, *TRAIN, *task_args, "--arch", "tagging_lstm_tiny", "--batch-size", "16",
+                     "--max-epoch", "4", "--save-dir", save, "--eval-tagging", "--best-checkpoint-metric", "f1",
+                     "--maximize-best-checkpoint-metric", "--log-format", "json", "--no-epoch-checkpoints"],
+                    env=ONE_THREAD)
+    valid = [json.loads(l[l.index("{"):]) for l in train.stdout.splitlines() if "| valid |" in l]
+    assert len(valid) == 4 and all("valid_f1" in v and "valid_tag_acc" in v for v in valid)
+    gen = run_cli(["fairseq-generate", conll, "--user-dir", "fairseq_ext", "--task", "sequence_tagging",
+                   *task_args, "--path", os.path.join(save, "checkpoint_last.pt"), "--gen-subset", "valid",
+                   "--beam", "1", "--batch-size", "7"], env=ONE_THREAD)
+    out_file = tmp_path / "valid.out"
+    out_file.write_text(gen.stdout)
+    js = json.loads(run_cli(["python", SCORER, str(out_file), "--json", "-"]).stdout)
+    assert float(valid[-1]["valid_f1"]) == pytest.approx(js["f1"], abs=0.01)
+    assert float(valid[-1]["valid_tag_acc"]) == pytest.approx(js["accuracy"], abs=0.01)
+    assert float(valid[-1]["valid_best_f1"]) == max(float(v["valid_f1"]) for v in valid)
 
 
 def test_real_conll2003_ner(real_data, tmp_path):

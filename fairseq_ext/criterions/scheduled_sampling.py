@@ -21,7 +21,6 @@ eps = 1 gives the same loss). Validation is teacher-forced cross-entropy.
 """
 import math
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 from fairseq import metrics, utils

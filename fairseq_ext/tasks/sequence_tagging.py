@@ -40,9 +40,13 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+from fairseq import metrics, utils
 from fairseq.data import Dictionary, LanguagePairDataset, data_utils, indexed_dataset
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
+
+from fairseq_ext.core.tagging_metrics import conlleval_counts, precision_recall_f1
+from fairseq_ext.generators.candidates import DecodeConfig, decode_candidates
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +78,12 @@ class SequenceTaggingConfig(FairseqDataclass):
                           "(default: $XDG_CACHE_HOME/fairseq_ext/sequence_tagging)"},
     )
     left_pad_source: bool = field(default=False, metadata={"help": "left-pad source batches (default: right)"})
+    eval_tagging: bool = field(
+        default=False,
+        metadata={"help": "validation also decodes greedily and logs f1 (conlleval chunks) and tag_acc "
+                          "(tokens); select checkpoints with --best-checkpoint-metric f1 (or tag_acc) "
+                          "--maximize-best-checkpoint-metric"},
+    )
     max_source_positions: int = field(default=1024, metadata={"help": "longest source (words + <eos>)"})
     max_target_positions: int = field(default=1024, metadata={"help": "longest target (labels + <eos>)"})
 
@@ -285,6 +295,47 @@ class SequenceTaggingTask(FairseqTask):
         generator = super().build_generator(models, args, **kwargs)
         generator.max_len_a, generator.max_len_b = 1.0, 0
         return generator
+
+    def valid_step(self, sample, model, criterion):
+        """The criterion's validation loss; with ``--eval-tagging`` also conlleval's
+        counts of greedy decodes against the gold labels."""
+        loss, sample_size, logging_output = super().valid_step(sample, model, criterion)
+        if self.cfg.eval_tagging:
+            logging_output.update(self.greedy_tagging_counts(model, sample))
+        return loss, sample_size, logging_output
+
+    def greedy_tagging_counts(self, model, sample) -> Dict[str, int]:
+        """Greedy decodes of a batch scored against its targets: chunk counts
+        (gold, predicted, correct, all types) and token counts."""
+        hyps = decode_candidates(model, sample, DecodeConfig(max_len_a=1.0, max_len_b=0)).as_list()
+        gold, pred = [], []
+        for hyp, ref in zip(hyps, sample["target"]):
+            ref = ref[ref.ne(self.tgt_dict.pad())]
+            gold.append(self.tgt_dict.string(ref).split())
+            labels = self.tgt_dict.string(hyp).split()
+            pred.append((labels + ["O"] * len(gold[-1]))[: len(gold[-1])])
+        counts = conlleval_counts(gold, pred)
+        return {"_tag_tokens": counts.tokens, "_tag_correct_tags": counts.correct_tags,
+                "_tag_gold": sum(counts.gold.values()), "_tag_pred": sum(counts.pred.values()),
+                "_tag_correct": sum(counts.correct.values())}
+
+    def reduce_metrics(self, logging_outputs, criterion) -> None:
+        super().reduce_metrics(logging_outputs, criterion)
+        if not any("_tag_tokens" in log for log in logging_outputs):
+            return
+        for key in ("_tag_tokens", "_tag_correct_tags", "_tag_gold", "_tag_pred", "_tag_correct"):
+            metrics.log_scalar_sum(key, utils.item(sum(log.get(key, 0) for log in logging_outputs)))
+
+        def f1(meters):
+            return round(precision_recall_f1(meters["_tag_correct"].sum, meters["_tag_pred"].sum,
+                                             meters["_tag_gold"].sum)[2], 2)
+
+        def accuracy(meters):
+            tokens = meters["_tag_tokens"].sum
+            return round(100.0 * meters["_tag_correct_tags"].sum / tokens, 2) if tokens else 0.0
+
+        metrics.log_derived("f1", f1)
+        metrics.log_derived("tag_acc", accuracy)
 
     def max_positions(self) -> Tuple[int, int]:
         return self.cfg.max_source_positions, self.cfg.max_target_positions
