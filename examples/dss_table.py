@@ -1,20 +1,25 @@
 #!/usr/bin/env python
-"""Summarise examples/dss_ner.sh runs: ``dss_table.py WORK_DIR NAME [NAME ...]``.
+"""Summarise the runs of examples/dss_ner.sh and examples/dss_multi30k.sh.
 
-Reads WORK_DIR/NAME.sSEED/{valid,test}.json (scripts/score_tagging.py output) and
-prints, per run name, the dev and test F1 (chunk scheme) or accuracy (token
-scheme) as mean [min, max] over the seeds found, and the number of seeds."""
+``dss_table.py WORK_DIR [--suffix S] [--metric KEY] NAME [NAME ...]`` reads
+WORK_DIR/NAME.sSEED/{valid,test}S.json (scripts/score_tagging.py or
+scripts/score.py output) and prints, per run name, the dev and test metric as
+mean [min, max] over the seeds found, and the number of seeds. The metric:
+``--metric KEY`` (e.g. bleu), else F1 for chunk-scored tagging, accuracy for
+token-scored tagging, BLEU for translation."""
+import argparse
 import glob
 import json
 import os
 import statistics
-import sys
 
 
-def metric(path):
+def metric(path, key=None):
     with open(path) as f:
         scores = json.load(f)
-    return scores["f1"] if scores["scheme"] == "chunk" else scores["accuracy"]
+    if key is None:
+        key = {"chunk": "f1", "token": "accuracy"}.get(scores.get("scheme"), "bleu")
+    return scores[key]
 
 
 def cell(values):
@@ -25,15 +30,19 @@ def cell(values):
     return f"{statistics.mean(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
 
 
-def main(argv):
-    if len(argv) < 2:
-        sys.exit(__doc__)
-    work, names = argv[0], argv[1:]
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("work")
+    p.add_argument("names", nargs="+")
+    p.add_argument("--suffix", default="", help="score file suffix, e.g. .beam5 for test.beam5.json")
+    p.add_argument("--metric", default=None)
+    a = p.parse_args(argv)
     rows = [("run", "dev", "test", "seeds")]
-    for name in names:
-        dirs = sorted(d for d in glob.glob(os.path.join(work, f"{name}.s*")) if os.path.isfile(os.path.join(d, "test.json")))
-        dev = [metric(os.path.join(d, "valid.json")) for d in dirs]
-        test = [metric(os.path.join(d, "test.json")) for d in dirs]
+    for name in a.names:
+        dirs = sorted(d for d in glob.glob(os.path.join(a.work, f"{name}.s*"))
+                      if os.path.isfile(os.path.join(d, f"test{a.suffix}.json")))
+        dev = [metric(os.path.join(d, f"valid{a.suffix}.json"), a.metric) for d in dirs]
+        test = [metric(os.path.join(d, f"test{a.suffix}.json"), a.metric) for d in dirs]
         rows.append((name, cell(dev), cell(test), str(len(dirs))))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for i, r in enumerate(rows):
@@ -43,4 +52,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
