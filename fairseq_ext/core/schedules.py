@@ -63,3 +63,24 @@ def exponential_growth(value0: float, growth: float, t: float, max_value: float 
         raise ValueError(f"value0 and growth must be > 0, got {value0} and {growth}")
     log_value = math.log(value0) + max(t, 0.0) * math.log(growth)
     return min(max_value, math.exp(min(log_value, 700.0)))
+
+
+ALPHA_SCHEDULES = ("fixed", "linear", "exponential")
+
+
+def interpolated(schedule: str, value0: float, value1: float, t: float, horizon: float) -> float:
+    """A value moving from ``value0`` to ``value1`` over ``horizon`` steps, then
+    held: ``fixed`` value0; ``linear`` value0 + (value1 - value0) r; ``exponential``
+    (geometric) value0 (value1 / value0)^r; r = min(max(t, 0) / horizon, 1) (the
+    annealed alpha of thesis 4.3.3)."""
+    if schedule not in ALPHA_SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose from {ALPHA_SCHEDULES}")
+    if schedule == "fixed":
+        return value0
+    if not value0 > 0 or not value1 > 0 or not horizon > 0:
+        raise ValueError(f"the {schedule} schedule needs value0, value1 and horizon > 0, "
+                         f"got {value0}, {value1}, {horizon}")
+    r = min(max(t, 0.0) / horizon, 1.0)
+    if schedule == "linear":
+        return value0 + (value1 - value0) * r
+    return math.exp(math.log(value0) + r * (math.log(value1) - math.log(value0)))

@@ -151,3 +151,85 @@ def _sequential(decoder, prev: Tensor, encoder_out, model_fed: Tensor, decide, o
         logits, _ = decoder(prev[:, : i + 1], encoder_out=encoder_out, incremental_state=incremental_state)
         step_scores.append(logits[:, -1])
     return torch.stack(step_scores, dim=1), step_scores
+
+
+def _copy_state(state: Dict) -> Dict:
+    """Shallow copy, one level down too (fairseq's reorders mutate the inner dicts)."""
+    return {key: (dict(value) if isinstance(value, dict) else value) for key, value in state.items()}
+
+
+def _leaves(state: Dict) -> Dict[Tuple[str, Optional[str]], Tensor]:
+    out = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            out.update({(key, sub): t for sub, t in value.items() if isinstance(t, Tensor)})
+        elif isinstance(value, Tensor):
+            out[(key, None)] = value
+    return out
+
+
+class SoftReorder:
+    """A soft generalisation of ``decoder.reorder_incremental_state``: row r of the
+    new state is sum_j M[r, j] x (beam j of r's sentence), M a (B*k, K) row-
+    stochastic matrix (soft backpointers), instead of an index per row.
+
+    Model-agnostic: it calls the decoder's own ``reorder_incremental_state`` once
+    per source beam j (order_j picks beam j of each row's sentence) and combines
+    the K results linearly along each tensor's batch dimension, found once per
+    state entry by matching the result against ``index_select`` (the transformer
+    keeps the batch in dim 0, fairseq's LSTM its stacked layer states in dim 1).
+    Non-float entries (padding masks) take the hard reorder by the argmax of M;
+    entries the decoder's own reorder leaves untouched stay untouched.
+    With a one-hot M it equals the hard reorder exactly (tested)."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+        self._batch_dims: Dict[Tuple[str, Optional[str]], int] = {}
+
+    def __call__(self, state: Dict, mix: Tensor, num_sentences: int) -> None:
+        """mix: (B*k, K) weights of the K beams of the row's sentence (rows grouped
+        by sentence, beam-minor, as fairseq lays out beams). Updates ``state``."""
+        if not state:
+            return
+        rows, K = mix.shape
+        base = torch.arange(num_sentences, device=mix.device).repeat_interleave(rows // num_sentences) * K
+        snapshot = _copy_state(state)
+        old = _leaves(snapshot)
+        results = []
+        for order in [base + j for j in range(K)] + [base + mix.argmax(-1)]:
+            state.clear()
+            state.update(_copy_state(snapshot))
+            self.decoder.reorder_incremental_state(state, order)
+            results.append(_leaves(state))
+        hard = results.pop()
+        new = {}
+        for name, tensor in hard.items():
+            if not tensor.is_floating_point() or name not in old:
+                new[name] = tensor
+                continue
+            if all(r[name] is old[name] for r in results):
+                # the decoder does not reorder it (fairseq's encoder-decoder attention
+                # cache, identical for the beams of a sentence): neither do we
+                new[name] = old[name]
+                continue
+            dim = self._batch_dim(name, old[name], results[0][name], base)
+            shape = [1] * tensor.dim()
+            shape[dim] = rows
+            new[name] = sum(mix[:, j].to(tensor.dtype).view(shape) * results[j][name] for j in range(K))
+        state.clear()
+        state.update(_copy_state(snapshot))
+        for (key, sub), tensor in new.items():
+            if sub is None:
+                state[key] = tensor
+            else:
+                state[key][sub] = tensor
+
+    def _batch_dim(self, name, before: Tensor, after: Tensor, order: Tensor) -> int:
+        if name not in self._batch_dims:
+            top = int(order.max())
+            dims = [d for d in range(before.dim()) if before.size(d) > top and after.size(d) == order.numel()
+                    and torch.equal(before.index_select(d, order), after)]
+            if not dims:
+                raise RuntimeError(f"soft reorder: cannot find the batch dimension of incremental state {name}")
+            self._batch_dims[name] = dims[0]
+        return self._batch_dims[name]

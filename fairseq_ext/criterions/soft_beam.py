@@ -1,0 +1,156 @@
+"""``--criterion soft_beam_direct_loss`` and ``--criterion soft_beam_hinge``:
+training through a continuous relaxation of beam search (Goyal thesis, chapter 4;
+chapter 5 for ``--normalization global``).
+
+Each step runs the relaxed beam (``fairseq_ext.generators.soft_beam.run_beam``,
+Algorithm 3) over every sentence for a horizon of its gold length, with the
+decomposable Hamming cost d_t(w) = c(w) [w != y*_t]:
+
+- ``soft_beam_direct_loss`` minimises L = peaked-softmax_alpha(s_T) . D_T, the
+  relaxed cost of the beam's best element (eq. 4.2);
+- ``soft_beam_hinge`` adds d_t(w) to the candidate scores (cost augmentation),
+  and minimises max(0, s_max - s(y*)) with s_max = peaked-softmax_alpha(s_T) . s_T
+  and s(y*) the teacher-forced score of the gold sequence under the same scoring
+  (section 4.4).
+
+Scores are log-softmax outputs (``--normalization local``) or raw logits
+(``global``: a globally normalised model, chapter 5). alpha follows
+``--soft-beam-alpha-schedule`` over updates (annealing matters, section 4.3.3).
+The loss is summed over sentences; the sample size is the number of sentences.
+Logged: ``loss``, ``beam_cost`` (the Hamming cost of the soft beam's decoded
+best hypothesis, hard backpointers: section 4.3.4), ``soft_beam_alpha``.
+"""
+from dataclasses import dataclass, field
+
+import torch
+from fairseq import metrics, utils
+from fairseq.criterions import FairseqCriterion, register_criterion
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+
+from fairseq_ext.core.schedules import ALPHA_SCHEDULES, interpolated
+from fairseq_ext.core.soft_beam import hamming_step_costs, soft_beam_loss, soft_max_score
+from fairseq_ext.core.task_losses import parse_label_weights
+from fairseq_ext.criterions.clock import TrainingClock
+from fairseq_ext.generators.soft_beam import NORMALIZATIONS, local_scores, run_beam
+
+
+@dataclass
+class SoftBeamConfig(FairseqDataclass):
+    soft_beam_size: int = field(default=3, metadata={"help": "k, the beam size of the relaxed beam (thesis: 3)"})
+    soft_beam_alpha: float = field(default=1.0, metadata={"help": "alpha_0 of the peaked softmax"})
+    soft_beam_alpha_schedule: ChoiceEnum(ALPHA_SCHEDULES) = field(
+        default="fixed", metadata={"help": "alpha fixed, or growing linearly / geometrically to --soft-beam-alpha-final"}
+    )
+    soft_beam_alpha_final: float = field(default=1.0, metadata={"help": "alpha_1, reached after --soft-beam-alpha-updates"})
+    soft_beam_alpha_updates: int = field(default=1000, metadata={"help": "N, updates to go from alpha_0 to alpha_1"})
+    normalization: ChoiceEnum(NORMALIZATIONS) = field(
+        default="local", metadata={"help": "local: log-softmax scores; global: raw logits (globally normalised)"}
+    )
+    hamming_weights: str = field(
+        default="",
+        metadata={"help": "cost of predicting a label wrongly, e.g. 'O=2.0' (the thesis's NER setting); default 1"},
+    )
+
+
+class _SoftBeamCriterion(FairseqCriterion):
+    hinge = False
+
+    def __init__(self, task, soft_beam_size=3, soft_beam_alpha=1.0, soft_beam_alpha_schedule="fixed",
+                 soft_beam_alpha_final=1.0, soft_beam_alpha_updates=1000, normalization="local", hamming_weights=""):
+        super().__init__(task)
+        if soft_beam_size < 1:
+            raise ValueError(f"--soft-beam-size must be >= 1, got {soft_beam_size}")
+        self.k = soft_beam_size
+        self.schedule = str(soft_beam_alpha_schedule)
+        self.alpha0, self.alpha1, self.alpha_updates = soft_beam_alpha, soft_beam_alpha_final, soft_beam_alpha_updates
+        try:
+            interpolated(self.schedule, self.alpha0, self.alpha1, 0, self.alpha_updates)
+        except ValueError as e:
+            raise ValueError(f"--soft-beam-alpha-schedule {self.schedule}: {e}") from None
+        if not soft_beam_alpha > 0:
+            raise ValueError(f"--soft-beam-alpha must be > 0, got {soft_beam_alpha}")
+        self.normalization = str(normalization)
+        dictionary = task.target_dictionary
+        try:
+            weights = parse_label_weights(hamming_weights)
+        except ValueError as e:
+            raise ValueError(f"--hamming-weights: {e}") from None
+        unknown = sorted(label for label in weights if dictionary.index(label) == dictionary.unk())
+        if unknown:
+            raise ValueError(f"--hamming-weights: labels not in the target dictionary: {unknown}")
+        self.label_costs = torch.ones(len(dictionary))
+        for label, w in weights.items():
+            self.label_costs[dictionary.index(label)] = w
+        self.clock = TrainingClock(task)
+
+    def alpha(self) -> float:
+        return interpolated(self.schedule, self.alpha0, self.alpha1, self.clock.num_updates, self.alpha_updates)
+
+    def forward(self, model, sample, reduce=True):
+        target = sample["target"]
+        horizon = target.ne(self.padding_idx).sum(1)
+        costs = hamming_step_costs(target, self.label_costs.numel(), self.label_costs, self.padding_idx)
+        alpha = self.alpha()
+        result = run_beam(model, sample["net_input"], horizon, self.k, alpha, self.normalization, costs,
+                          augment=self.hinge)
+        if self.hinge:
+            gold = self.gold_scores(model, sample)
+            losses = torch.relu(soft_max_score(result.scores, alpha) - gold)
+        else:
+            losses = soft_beam_loss(result.scores, result.costs, alpha)
+        if not torch.isfinite(losses).all():
+            raise FloatingPointError(f"{type(self).__name__}: non-finite loss for {int((~torch.isfinite(losses)).sum())} "
+                                     "sentence(s); check --normalization and the model's scores")
+        best = result.best_tokens()
+        beam_cost = costs.gather(-1, best.clamp(max=costs.size(-1) - 1).unsqueeze(-1)).squeeze(-1)
+        beam_cost = beam_cost.masked_fill(target.eq(self.padding_idx), 0.0).sum()
+        nsentences = target.size(0)
+        logging_output = {
+            "loss": losses.sum().data,
+            "beam_cost": beam_cost.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": nsentences,
+            "sample_size": nsentences,
+            "soft_beam_alpha": alpha,
+            "steps": 1,
+        }
+        return losses.sum(), nsentences, logging_output
+
+    def gold_scores(self, model, sample) -> torch.Tensor:
+        """(B,) s(y*): the teacher-forced score of the gold sequence, sum_t f(h_t, y*_t)."""
+        logits = model(**sample["net_input"])[0]
+        f = local_scores(logits, self.normalization)
+        target = sample["target"]
+        gold = f.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        return gold.masked_fill(target.eq(self.padding_idx), 0.0).sum(-1)
+
+    @staticmethod
+    def reduce_metrics(logging_outputs) -> None:
+        def total(key):
+            return utils.item(sum(log.get(key, 0) for log in logging_outputs))
+
+        nsent = max(total("nsentences"), 1)
+        metrics.log_scalar("loss", total("loss") / nsent, nsent, round=4)
+        metrics.log_scalar("beam_cost", total("beam_cost") / nsent, nsent, round=4)
+        steps = total("steps")
+        if steps:
+            metrics.log_scalar("soft_beam_alpha", total("soft_beam_alpha") / steps, steps, round=3)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True
+
+
+@register_criterion("soft_beam_direct_loss", dataclass=SoftBeamConfig)
+class SoftBeamDirectLoss(_SoftBeamCriterion):
+    """L = peaked-softmax_alpha(s_T) . D_T (eq. 4.2); see the module docstring."""
+
+    hinge = False
+
+
+@register_criterion("soft_beam_hinge", dataclass=SoftBeamConfig)
+class SoftBeamHinge(_SoftBeamCriterion):
+    """max(0, s_max - s(y*)) with cost-augmented scores (section 4.4)."""
+
+    hinge = True
+

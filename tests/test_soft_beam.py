@@ -1,0 +1,273 @@
+"""Continuous relaxation of beam search (Goyal thesis ch. 4): Algorithm 2, the
+relaxed step, the soft reorder of fairseq incremental states, the alpha -> inf
+limit against hard beam search (ours and fairseq's), gradients, local vs global
+scores, and the criteria through fairseq-train."""
+import argparse
+import json
+import math
+import os
+
+import pytest
+import torch
+from fairseq import options, tasks
+
+from conftest import REPO, run_cli
+from fairseq_ext import toy
+from fairseq_ext.core.soft_beam import (
+    continuous_topk_argmax,
+    hamming_step_costs,
+    soft_beam_loss,
+    soft_beam_step,
+    soft_max_score,
+)
+from fairseq_ext.core.schedules import interpolated
+from fairseq_ext.generators.soft_beam import hard_beam_step, run_beam
+from fairseq_ext.generators.soft_inputs import SoftReorder
+
+# ----------------------------------------------------------------- core
+
+
+def test_continuous_topk_argmax_hand_values():
+    s = torch.tensor([[3.0, 1.0], [2.0, 0.0]])  # K = 2 beams x V = 2 outputs
+    p = continuous_topk_argmax(s, 2, 1.0)
+    w1 = torch.exp(-torch.tensor([0.0, 4.0, 1.0, 9.0]))  # -(s - 3)^2
+    w2 = torch.exp(-torch.tensor([1.0, 1.0, 0.0, 4.0]))  # -(s - 2)^2
+    assert torch.allclose(p[0].flatten(), w1 / w1.sum()) and torch.allclose(p[1].flatten(), w2 / w2.sum())
+    soft_back = p.sum(-1)  # row sums: soft backpointers
+    assert torch.allclose(soft_back.sum(-1), torch.ones(2))
+
+
+def test_continuous_topk_argmax_tends_to_one_hot_topk():
+    torch.manual_seed(0)
+    s = torch.randn(4, 3, 7)
+    flat_top = s.flatten(-2).topk(3, -1).indices
+    target = torch.nn.functional.one_hot(flat_top, 21).float()
+    gaps = [(continuous_topk_argmax(s, 3, a).flatten(-2) - target).abs().max().item() for a in (1, 100, 1e6)]
+    assert gaps == sorted(gaps, reverse=True) and gaps[0] > 0.1 and gaps[-1] < 1e-6
+
+
+def test_forbidden_and_dead_entries_get_zero_weight_without_nans():
+    s = torch.tensor([[[0.0, float("-inf")], [float("-inf"), float("-inf")]]], requires_grad=True)
+    p = continuous_topk_argmax(s, 2, 5.0)  # only one finite candidate: element 2 is dead
+    assert torch.equal(p[0, 1], torch.zeros(2, 2)) and p[0, 0, 0, 0] == 1.0
+    step = soft_beam_step(torch.tensor([[0.0, float("-inf")]]), s, 5.0, 2)
+    assert step.scores[0, 1] == float("-inf") and torch.isfinite(step.scores[0, 0])
+    soft_beam_loss(step.scores, step.costs + 1.0, 5.0).sum().backward()
+    assert torch.isfinite(s.grad).all()
+
+
+def test_large_alpha_step_equals_the_hard_step():
+    torch.manual_seed(1)
+    beam = torch.randn(2, 3)
+    local = torch.log_softmax(torch.randn(2, 3, 5), -1)
+    costs, d = torch.rand(2, 3), torch.rand(2, 5)
+    hard = hard_beam_step(beam, local, 3, costs, d)
+    soft = soft_beam_step(beam, local, 1e8, 3, costs, d)
+    assert torch.equal(soft.hard_backpointers, hard.hard_backpointers)
+    assert torch.equal(soft.hard_outputs, hard.hard_outputs)
+    assert torch.allclose(soft.scores, hard.scores, atol=1e-5) and torch.allclose(soft.costs, hard.costs, atol=1e-5)
+    assert torch.allclose(soft.backpointers, hard.backpointers, atol=1e-6)
+
+
+def test_costs_flow_through_soft_backpointers():
+    torch.manual_seed(2)
+    beam = torch.randn(1, 3)
+    local = torch.randn(1, 3, 4)
+    costs = torch.rand(1, 3, requires_grad=True)
+    step = soft_beam_step(beam, local, 1.0, 3, costs)
+    loss = soft_beam_loss(step.scores, step.costs, 1.0).sum()
+    (grad,) = torch.autograd.grad(loss, costs)
+    # D_{t+1} = b~ D_t: dL/dD_t = b~^T peaked-softmax(s_{t+1})
+    expected = step.backpointers[0].t() @ torch.softmax(step.scores[0], -1)
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+    assert torch.allclose(grad[0], expected.detach(), atol=1e-6)
+
+
+def test_hamming_costs_and_max_score_hand_values():
+    d = hamming_step_costs(torch.tensor([[2, 0, 1]]), 3, torch.tensor([1.0, 2.0, 1.0]), ignore_index=1)
+    assert d.tolist() == [[[1.0, 2.0, 0.0], [0.0, 2.0, 1.0], [0.0, 0.0, 0.0]]]
+    s = torch.tensor([[0.0, math.log(3.0)]])
+    assert soft_max_score(s, 1.0).item() == pytest.approx(0.75 * math.log(3.0))
+    assert soft_beam_loss(s, torch.tensor([[4.0, 8.0]]), 1.0).item() == pytest.approx(7.0)
+
+
+def test_alpha_schedules_equal_their_formulas():
+    assert interpolated("fixed", 1.0, 100.0, 50, 100) == 1.0
+    assert interpolated("linear", 1.0, 101.0, 50, 100) == pytest.approx(51.0)
+    assert interpolated("exponential", 1.0, 100.0, 50, 100) == pytest.approx(10.0)
+    assert interpolated("exponential", 1.0, 100.0, 500, 100) == pytest.approx(100.0)
+
+
+# ----------------------------------------------------------------- models
+
+
+@pytest.fixture(scope="module")
+def tagger(conll, cache):
+    """A tagging_lstm_tiny trained a little with CE (so its decisions are not ties)."""
+    torch.manual_seed(1)
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [conll, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--task", "sequence_tagging", "--cache-dir", cache,
+         "--arch", "tagging_lstm_tiny"])
+    task = tasks.setup_task(args)
+    model = task.build_model(args)
+    task.load_dataset("train")
+    ds = task.dataset("train")
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for step in range(30):
+        sample = ds.collater([ds[i] for i in range((step * 16) % 180, (step * 16) % 180 + 16)])
+        lprobs = model.get_normalized_probs(model(**sample["net_input"]), log_probs=True).clamp_min(-1e4)
+        loss = -lprobs.gather(-1, sample["target"].unsqueeze(-1)).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    task.load_dataset("test")
+    test = task.dataset("test")
+    return task, model, test.collater([test[i] for i in range(12)])
+
+
+@pytest.fixture(scope="module")
+def translators(toy_bin):
+    out = {}
+    for arch in ("transformer", "lstm"):
+        task, model, _ = toy.build_task_and_model(toy_bin, "translation", arch)
+        task.load_dataset("valid")
+        ds = task.dataset("valid")
+        out[arch] = (task, model.eval(), ds.collater([ds[i] for i in range(6)]))
+    return out
+
+
+def _models(tagger, translators):
+    return {"tagging_lstm": tagger, **translators}
+
+
+@pytest.mark.parametrize("arch", ["transformer", "lstm", "tagging_lstm"])
+def test_one_hot_soft_reorder_equals_fairseq_reorder(arch, tagger, translators):
+    task, model, sample = _models(tagger, translators)[arch]
+    decoder = model.decoder
+    B, k = sample["target"].size(0), 3
+    rows = torch.arange(B).repeat_interleave(k)
+    net = sample["net_input"]
+    enc = model.encoder.reorder_encoder_out(model.encoder(net["src_tokens"], src_lengths=net["src_lengths"]), rows)
+    prev = sample["target"][rows, :3].clamp_min(4)
+    state = {}
+    for t in range(3):
+        decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+    torch.manual_seed(3)
+    choice = torch.randint(0, k, (B * k,))
+    order = rows * k + choice
+    soft_state = {key: dict(v) for key, v in state.items()}
+    SoftReorder(decoder)(soft_state, torch.nn.functional.one_hot(choice, k).float(), B)
+    decoder.reorder_incremental_state(state, order)
+    assert state.keys() == soft_state.keys()
+    compared = 0
+    for key in state:
+        for sub, value in state[key].items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, soft_state[key][sub]), (key, sub)
+                compared += 1
+    assert compared >= 2
+
+
+def test_hard_beam_equals_fairseq_beam_search(tagger):
+    """Forced length gives every hypothesis the same length, so fairseq's length
+    normalisation does not change the ranking: the best hypotheses must agree."""
+    task, model, sample = tagger
+    horizon = sample["target"].ne(1).sum(1)
+    with torch.no_grad():
+        ours = run_beam(model, sample["net_input"], horizon, 3, hard=True).best_tokens()
+        gen = task.build_generator([model], argparse.Namespace(beam=3))
+        theirs = gen.generate([model], sample)
+    for b in range(sample["target"].size(0)):
+        assert torch.equal(ours[b, : horizon[b]], theirs[b][0]["tokens"]), b
+
+
+def test_soft_beam_tends_to_hard_beam_and_its_direct_loss(tagger):
+    task, model, sample = tagger
+    target = sample["target"]
+    horizon = target.ne(1).sum(1)
+    d = hamming_step_costs(target, len(task.target_dictionary), ignore_index=1)
+    with torch.no_grad():
+        hard = run_beam(model, sample["net_input"], horizon, 3, step_costs=d, hard=True)
+        hard_cost = d.gather(-1, hard.best_tokens().unsqueeze(-1)).squeeze(-1).sum(-1)
+        gaps = []
+        for alpha in (1.0, 1e9):
+            soft = run_beam(model, sample["net_input"], horizon, 3, alpha=alpha, step_costs=d)
+            gaps.append((soft_beam_loss(soft.scores, soft.costs, alpha) - hard_cost).abs().max().item())
+        assert torch.equal(soft.tokens, hard.tokens)
+        assert torch.allclose(soft.scores, hard.scores, atol=1e-4)
+    assert gaps[1] < 1e-4 and gaps[0] > 10 * gaps[1], gaps
+    assert hard_cost.sum() > 0  # the limit is not trivially zero
+
+
+@pytest.mark.parametrize("arch", ["transformer", "lstm", "tagging_lstm"])
+def test_gradients_finite_and_nonzero(arch, tagger, translators):
+    task, model, sample = _models(tagger, translators)[arch]
+    target = sample["target"]
+    horizon = target.ne(1).sum(1)
+    d = hamming_step_costs(target, len(task.target_dictionary), ignore_index=1)
+    model.zero_grad()
+    result = run_beam(model, sample["net_input"], horizon, 3, alpha=1.0, step_costs=d)
+    soft_beam_loss(result.scores, result.costs, 1.0).sum().backward()
+    grads = [p.grad for p in model.decoder.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    assert sum(g.abs().sum() for g in grads) > 0
+    model.zero_grad()
+
+
+def test_global_scores_are_the_raw_logits(tagger):
+    """Adding a constant to every logit of one step leaves the local
+    (log-softmax) beam unchanged and shifts every global score by that constant."""
+    task, model, sample = tagger
+    horizon = sample["target"].ne(1).sum(1)
+    calls = []
+
+    def shift(module, inputs, output):
+        calls.append(1)
+        return output + 5.0 if len(calls) == 2 else output
+
+    with torch.no_grad():
+        base = {n: run_beam(model, sample["net_input"], horizon, 3, alpha=2.0, normalization=n) for n in ("local", "global")}
+        handle = model.decoder.fc_out.register_forward_hook(shift)
+        try:
+            shifted = {}
+            for n in ("local", "global"):
+                calls.clear()
+                shifted[n] = run_beam(model, sample["net_input"], horizon, 3, alpha=2.0, normalization=n)
+        finally:
+            handle.remove()
+    alive = torch.isfinite(base["local"].scores)
+    assert torch.allclose(shifted["local"].scores[alive], base["local"].scores[alive], atol=1e-5)
+    assert torch.allclose(shifted["global"].scores[alive], base["global"].scores[alive] + 5.0, atol=1e-4)
+
+
+# ----------------------------------------------------------------- through fairseq-train
+
+SB = ["--soft-beam-alpha", "1", "--soft-beam-alpha-schedule", "exponential", "--soft-beam-alpha-final", "10",
+      "--soft-beam-alpha-updates", "20", "--optimizer", "adam", "--lr", "0.002", "--max-update", "12",
+      "--no-epoch-checkpoints", "--num-workers", "0", "--log-format", "json", "--seed", "1"]
+
+
+@pytest.mark.parametrize("criterion,arch", [
+    ("soft_beam_direct_loss", "transformer"), ("soft_beam_direct_loss", "lstm"), ("soft_beam_direct_loss", "tagging_lstm"),
+    ("soft_beam_hinge", "transformer"), ("soft_beam_hinge", "tagging_lstm")])
+def test_fairseq_train_runs(criterion, arch, toy_bin, conll, cache, tmp_path):
+    if arch == "tagging_lstm":
+        data = [conll, "--task", "sequence_tagging", "--cache-dir", cache, "--arch", "tagging_lstm_tiny",
+                "--batch-size", "16", "--hamming-weights", "O=2.0"]
+    else:
+        data = [toy_bin, "--task", "translation"] + toy.TINY_ARCHS[arch] + ["--max-tokens", "300"]
+    proc = run_cli(["fairseq-train", *data, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--criterion", criterion,
+                    *SB, "--save-dir", str(tmp_path / "ck")])
+    valid = [json.loads(l[l.index("{"):]) for l in proc.stdout.splitlines() if "| valid |" in l]
+    assert valid and all(math.isfinite(float(v["valid_loss"])) and float(v["valid_loss"]) >= 0 for v in valid)
+    assert "valid_beam_cost" in valid[-1] and "valid_soft_beam_alpha" in valid[-1]
+
+
+def test_bad_hamming_weights_are_refused(conll, cache, tmp_path):
+    with pytest.raises(AssertionError, match="--hamming-weights"):
+        run_cli(["fairseq-train", conll, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--task",
+                 "sequence_tagging", "--cache-dir", cache, "--arch", "tagging_lstm_tiny", "--criterion",
+                 "soft_beam_direct_loss", "--hamming-weights", "NOPE=2", "--optimizer", "adam", "--lr", "0.01",
+                 "--max-update", "1", "--save-dir", str(tmp_path / "ck")])
