@@ -16,15 +16,15 @@
 # Scores: sacreBLEU of greedy and beam-5 decodes of dev (val) and test2016.
 #
 # usage: examples/dss_multi30k.sh WORK_DIR
-# env: FAIRSEQ_EXT_DATA (required), WARM_UPDATES (1500), FT_UPDATES (500),
-#      DECAY_K (100), SEEDS ("1"), JOBS (2), VOCAB (4000), ONLY (run names)
+# env: FAIRSEQ_EXT_DATA (required), WARM_UPDATES (600), FT_UPDATES (200),
+#      DECAY_K (50), SEEDS ("1"), JOBS (2), VOCAB (4000), ONLY (run names)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${1:?usage: $0 WORK_DIR}
 : "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
-WARM_UPDATES=${WARM_UPDATES:-1500}
-FT_UPDATES=${FT_UPDATES:-500}
-DECAY_K=${DECAY_K:-100}
+WARM_UPDATES=${WARM_UPDATES:-600}
+FT_UPDATES=${FT_UPDATES:-200}
+DECAY_K=${DECAY_K:-50}
 SEEDS=${SEEDS:-1}
 JOBS=${JOBS:-2}
 VOCAB=${VOCAB:-4000}

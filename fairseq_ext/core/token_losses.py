@@ -31,3 +31,26 @@ def label_smoothed_nll(
     eps_i = epsilon / (allowed.sum(-1).to(lprobs.dtype) - 1.0).clamp_min(1.0)
     loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
     return loss.masked_fill(~keep, 0.0).sum(), nll.sum()
+
+
+def log_normalizers(logits: Tensor) -> Tensor:
+    """log Z_t = logsumexp_y s_t(y) over the last dim (forbidden outputs at -inf
+    contribute nothing): (...,) from logits (..., V)."""
+    return torch.logsumexp(logits.float(), dim=-1)
+
+
+def self_normalized_nll(logits: Tensor, target: Tensor, lam: float, ignore_index: Optional[int] = None
+                        ) -> Tuple[Tensor, Tensor, Tensor]:
+    """Self-normalisation by L2 regularisation of the local log-normaliser (Goyal
+    thesis 5.3.1; Devlin et al. 2014): sum_t -log p(y*_t) + lam (log Z_t)^2.
+
+    logits: (N, V) raw scores; target: (N,). Returns (loss, nll, log Z (N,)); both
+    sums skip ``ignore_index`` positions (their log Z is returned as 0)."""
+    if lam < 0:
+        raise ValueError(f"lambda must be >= 0, got {lam}")
+    log_z = log_normalizers(logits)
+    keep = torch.ones_like(log_z, dtype=torch.bool) if ignore_index is None else target.ne(ignore_index)
+    log_z = log_z.masked_fill(~keep, 0.0)
+    gold = logits.float().gather(-1, target.unsqueeze(-1)).squeeze(-1).masked_fill(~keep, 0.0)
+    nll = (log_z - gold).sum()
+    return nll + lam * (log_z ** 2).sum(), nll, log_z
