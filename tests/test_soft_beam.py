@@ -304,3 +304,27 @@ def test_self_normalized_ce_drives_log_z_to_zero(toy_bin, tmp_path):
     assert abs(float(l2["valid_log_z_mean"])) < 0.25 * abs(float(ce["valid_log_z_mean"])), (ce, l2)
     assert float(l2["valid_nll_loss"]) < 1.3 * float(ce["valid_nll_loss"]), (ce, l2)
     assert float(ce["valid_log_z_var"]) >= 0 and float(l2["valid_log_z_var"]) >= 0
+
+
+def test_fairseq_generate_with_hard_and_soft_beam_search(conll, cache, tmp_path):
+    """--tagging-search hard (raw-score ranking) and soft (alpha -> inf) return
+    fairseq's beam-search hypotheses on a trained tagger (forced length: equal
+    lengths, so fairseq's length normalisation does not reorder them); global
+    scores and a small alpha run too."""
+    task_args = ["--user-dir", os.path.join(REPO, "fairseq_ext"), "--task", "sequence_tagging", "--cache-dir", cache]
+    run_cli(["fairseq-train", conll, *task_args, "--arch", "tagging_lstm_tiny", "--criterion", "cross_entropy",
+             "--optimizer", "adam", "--lr", "0.01", "--batch-size", "16", "--max-update", "120", "--num-workers", "0",
+             "--save-dir", str(tmp_path / "ck"), "--no-epoch-checkpoints", "--disable-validation", "--seed", "1"])
+    hyps = {}
+    for name, extra in (("fairseq", []), ("hard", ["--tagging-search", "hard"]),
+                        ("soft", ["--tagging-search", "soft", "--search-alpha", "1e9"]),
+                        ("soft_a1", ["--tagging-search", "soft", "--search-alpha", "1"]),
+                        ("global", ["--tagging-search", "hard", "--search-normalization", "global"])):
+        out = run_cli(["fairseq-generate", conll, *task_args, "--path", str(tmp_path / "ck" / "checkpoint_last.pt"),
+                       "--gen-subset", "test", "--beam", "3", "--batch-size", "8", *extra]).stdout
+        hyps[name] = {l.split("\t")[0]: l.split("\t")[2] for l in out.splitlines() if l.startswith("H-")}
+    assert len(hyps["fairseq"]) == 31
+    assert hyps["hard"] == hyps["fairseq"] and hyps["soft"] == hyps["fairseq"]
+    for name in ("soft_a1", "global"):
+        assert hyps[name].keys() == hyps["fairseq"].keys()
+        assert all(len(hyps[name][i].split()) == len(hyps["fairseq"][i].split()) for i in hyps[name])

@@ -157,3 +157,57 @@ def _follow_backpointers(back_hist: List[Tensor], out_hist: List[Tensor]) -> Ten
         tokens.append(out.gather(1, element))
         element = back.gather(1, element)
     return torch.stack(tokens[::-1], dim=-1)
+
+
+class BeamGenerator:
+    """A fairseq generator (``generate(models, sample, **kwargs)``) over ``run_beam``
+    with a horizon of each sentence's source length (tagging: one label per word,
+    then EOS): soft beam decoding (section 4.3.4: the relaxed recursion, hard
+    backpointers as the MAP of the soft ones) or hard beam search ranked by the sum
+    of local (log-softmax) or global (raw) scores; fairseq's ``SequenceGenerator``
+    always renormalises, which is wrong for a globally normalised model.
+
+    Hypotheses: the ``beam`` final elements, best first, with ``score`` the final
+    s_T (soft: the relaxed score) and ``positional_scores`` the teacher-forced
+    per-token scores of the returned tokens under the same normalisation."""
+
+    def __init__(self, models, tgt_dict, beam: int = 3, alpha: float = 1.0, normalization: str = "local",
+                 soft: bool = True):
+        if len(models) != 1:
+            raise ValueError("soft / raw-score beam search decodes with one model (no ensembles)")
+        if beam < 1:
+            raise ValueError(f"--beam must be >= 1, got {beam}")
+        self.model, self.tgt_dict = models[0], tgt_dict
+        self.beam, self.alpha, self.normalization, self.soft = beam, alpha, normalization, soft
+        self.eos = tgt_dict.eos()  # fairseq-generate strips it from the printed output
+        local_scores(torch.zeros(1, 1), normalization)  # validates
+
+    def cuda(self):
+        return self
+
+    @torch.no_grad()
+    def generate(self, models, sample, **kwargs):
+        model = self.model
+        model.eval()
+        net_input = sample["net_input"]
+        src = net_input["src_tokens"]
+        horizon = src.ne(self.tgt_dict.pad()).sum(1)
+        result = run_beam(model, net_input, horizon, self.beam, self.alpha, self.normalization, hard=not self.soft)
+        B, k, _ = result.tokens.shape
+        rows = torch.arange(B, device=src.device).repeat_interleave(k)
+        tokens = result.tokens.view(B * k, -1)
+        prev = torch.cat([torch.full_like(tokens[:, :1], self.tgt_dict.eos()), tokens[:, :-1]], dim=1)
+        prev = prev.masked_fill(prev.eq(self.tgt_dict.pad()), self.tgt_dict.eos())
+        encoder_out = model.encoder.reorder_encoder_out(
+            model.encoder(src, src_lengths=net_input.get("src_lengths")), rows)
+        f = local_scores(model.decoder(prev, encoder_out=encoder_out)[0], self.normalization)
+        positional = f.gather(-1, tokens.clamp(max=f.size(-1) - 1).unsqueeze(-1)).squeeze(-1).view(B, k, -1)
+        out = []
+        for b in range(B):
+            n = int(horizon[b])
+            order = [i for i in result.scores[b].argsort(descending=True).tolist()
+                     if torch.isfinite(result.scores[b, i])]
+            out.append([{"tokens": result.tokens[b, i, :n], "score": result.scores[b, i],
+                         "positional_scores": positional[b, i, :n], "alignment": torch.empty(0),
+                         "attention": None} for i in order])
+        return out

@@ -47,6 +47,7 @@ from fairseq.tasks import FairseqTask, register_task
 
 from fairseq_ext.core.tagging_metrics import conlleval_counts, precision_recall_f1
 from fairseq_ext.generators.candidates import DecodeConfig, decode_candidates
+from fairseq_ext.generators.soft_beam import BeamGenerator
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,16 @@ class SequenceTaggingConfig(FairseqDataclass):
                           "(tokens); select checkpoints with --best-checkpoint-metric f1 (or tag_acc) "
                           "--maximize-best-checkpoint-metric"},
     )
+    tagging_search: ChoiceEnum(["fairseq", "hard", "soft"]) = field(
+        default="fairseq",
+        metadata={"help": "fairseq-generate's search: fairseq's SequenceGenerator (--beam, renormalised scores), "
+                          "hard beam search ranking by the sum of --search-normalization scores, or soft beam "
+                          "decoding (thesis 4.3.4) with --search-alpha"},
+    )
+    search_normalization: ChoiceEnum(["local", "global"]) = field(
+        default="local", metadata={"help": "scores of --tagging-search hard/soft: log-softmax (local) or raw logits (global)"}
+    )
+    search_alpha: float = field(default=1.0, metadata={"help": "alpha of --tagging-search soft"})
     max_source_positions: int = field(default=1024, metadata={"help": "longest source (words + <eos>)"})
     max_target_positions: int = field(default=1024, metadata={"help": "longest target (labels + <eos>)"})
 
@@ -292,6 +303,11 @@ class SequenceTaggingTask(FairseqTask):
         beam = getattr(args, "beam", 5)
         if not getattr(args, "sampling", False) and beam > num_labels:
             raise ValueError(f"sequence_tagging: --beam {beam} is larger than the number of labels ({num_labels})")
+        if self.cfg.tagging_search != "fairseq":
+            if getattr(args, "sampling", False):
+                raise ValueError("sequence_tagging: --sampling needs --tagging-search fairseq")
+            return BeamGenerator(models, self.tgt_dict, beam, self.cfg.search_alpha, str(self.cfg.search_normalization),
+                                 soft=self.cfg.tagging_search == "soft")
         generator = super().build_generator(models, args, **kwargs)
         generator.max_len_a, generator.max_len_b = 1.0, 0
         return generator
