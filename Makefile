@@ -54,6 +54,7 @@ bench: install
 	$(PY) bench/bench_decoding.py
 	$(PY) bench/bench_mgs.py
 	$(PY) bench/bench_dss.py
+	$(PY) bench/bench_soft_beam.py
 
 clean-venv:
 	rm -rf $(VENV)

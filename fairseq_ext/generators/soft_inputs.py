@@ -173,14 +173,16 @@ class SoftReorder:
     new state is sum_j M[r, j] x (beam j of r's sentence), M a (B*k, K) row-
     stochastic matrix (soft backpointers), instead of an index per row.
 
-    Model-agnostic: it calls the decoder's own ``reorder_incremental_state`` once
-    per source beam j (order_j picks beam j of each row's sentence) and combines
-    the K results linearly along each tensor's batch dimension, found once per
-    state entry by matching the result against ``index_select`` (the transformer
-    keeps the batch in dim 0, fairseq's LSTM its stacked layer states in dim 1).
-    Non-float entries (padding masks) take the hard reorder by the argmax of M;
-    entries the decoder's own reorder leaves untouched stay untouched.
-    With a one-hot M it equals the hard reorder exactly (tested)."""
+    Model-agnostic and vectorised: one call of the decoder's own
+    ``reorder_incremental_state`` with an order of B*k*K rows (row r repeated for
+    each source beam j) gathers every candidate state; each entry is then summed
+    over j with the weights M along its batch dimension, found once per entry by
+    matching the result against ``index_select`` (the transformer keeps the batch
+    in dim 0, fairseq's LSTM its stacked layer states in dim 1). Non-float entries
+    (padding masks) take the hard reorder by the argmax of M; entries the
+    decoder's reorder leaves untouched (fairseq's encoder-decoder attention cache,
+    identical for the beams of a sentence) stay untouched. With a one-hot M it
+    equals the hard reorder exactly (tested)."""
 
     def __init__(self, decoder):
         self.decoder = decoder
@@ -192,40 +194,39 @@ class SoftReorder:
         if not state:
             return
         rows, K = mix.shape
-        base = torch.arange(num_sentences, device=mix.device).repeat_interleave(rows // num_sentences) * K
+        first = torch.arange(num_sentences, device=mix.device).repeat_interleave(rows // num_sentences) * K
+        order = (first.unsqueeze(1) + torch.arange(K, device=mix.device)).view(-1)  # (B*k*K,) r-major
+        hard = torch.arange(rows, device=mix.device) * K + mix.argmax(-1)  # rows of ``order`` to keep
         snapshot = _copy_state(state)
         old = _leaves(snapshot)
-        results = []
-        for order in [base + j for j in range(K)] + [base + mix.argmax(-1)]:
-            state.clear()
-            state.update(_copy_state(snapshot))
-            self.decoder.reorder_incremental_state(state, order)
-            results.append(_leaves(state))
-        hard = results.pop()
-        new = {}
-        for name, tensor in hard.items():
-            if not tensor.is_floating_point() or name not in old:
-                new[name] = tensor
-                continue
-            if all(r[name] is old[name] for r in results):
-                # the decoder does not reorder it (fairseq's encoder-decoder attention
-                # cache, identical for the beams of a sentence): neither do we
-                new[name] = old[name]
-                continue
-            dim = self._batch_dim(name, old[name], results[0][name], base)
-            shape = [1] * tensor.dim()
-            shape[dim] = rows
-            new[name] = sum(mix[:, j].to(tensor.dtype).view(shape) * results[j][name] for j in range(K))
         state.clear()
         state.update(_copy_state(snapshot))
-        for (key, sub), tensor in new.items():
-            if sub is None:
-                state[key] = tensor
+        self.decoder.reorder_incremental_state(state, order)
+        gathered = _leaves(state)
+        state.clear()
+        state.update(_copy_state(snapshot))
+        for name, tensor in gathered.items():
+            before = old.get(name)
+            if before is not None and tensor is before:
+                continue  # not reordered by the decoder: leave it
+            dim = self._batch_dim(name, before, tensor, order)
+            if tensor.is_floating_point():
+                moved = tensor.movedim(dim, 0)
+                moved = moved.reshape(rows, K, *moved.shape[1:])
+                weights = mix.to(tensor.dtype).view(rows, K, *([1] * (moved.dim() - 2)))
+                value = (weights * moved).sum(1).movedim(0, dim)
             else:
-                state[key][sub] = tensor
+                value = tensor.index_select(dim, hard)
+            key, sub = name
+            if sub is None:
+                state[key] = value
+            else:
+                state[key][sub] = value
 
-    def _batch_dim(self, name, before: Tensor, after: Tensor, order: Tensor) -> int:
+    def _batch_dim(self, name, before: Optional[Tensor], after: Tensor, order: Tensor) -> int:
         if name not in self._batch_dims:
+            if before is None:
+                raise RuntimeError(f"soft reorder: incremental state entry {name} appeared during a reorder")
             top = int(order.max())
             dims = [d for d in range(before.dim()) if before.size(d) > top and after.size(d) == order.numel()
                     and torch.equal(before.index_select(d, order), after)]
