@@ -88,25 +88,13 @@ def bench_arch(data: str, arch: str, arch_args: List[str], args, device: torch.d
 def format_table(rows: List[Dict]) -> str:
     head = ["arch", "row", "ms / step", "ratio to ce"]
     lines = [[r["arch"], r["row"], f"{r['ms']:.1f}", f"{r['ratio']:.2f}"] for r in rows]
-    widths = [max(len(x) for x in col) for col in zip(head, *lines)]
-    fmt = lambda r: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa
-    return "\n".join([fmt(head), "  ".join("-" * w for w in widths)] + [fmt(r) for r in lines])
+    return timing.table(head, lines, left=2)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--threads", type=int, default=1)
+    p = timing.step_bench_parser(__doc__)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--quick", action="store_true", help="tiny models, 1 warm-up and 2 repeats (smoke test)")
-    p.add_argument("--json", help="write the rows to this file")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.warmup, args.repeats, args.batch_size = 1, 2, 8
-    return args
+    return timing.quick_settings(p.parse_args(argv))
 
 
 def main(argv=None) -> None:

@@ -307,9 +307,7 @@ def memory_summary(rows: List[Dict]) -> Dict:
 
 # ---------------------------------------------------------------- output
 def _table(head: List[str], lines: List[List[str]]) -> str:
-    widths = [max(len(x) for x in col) for col in zip(head, *lines)]
-    fmt = "  ".join("{:<%d}" % w for w in widths)
-    return "\n".join([fmt.format(*head), "  ".join("-" * w for w in widths)] + [fmt.format(*line) for line in lines])
+    return timing.table(head, lines, left=len(head))
 
 
 def format_speed(rows: List[Dict]) -> str:

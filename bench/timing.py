@@ -42,3 +42,35 @@ def interleaved(fns: Dict[str, Callable], warmup: int, repeats: int, device: tor
             if r >= warmup:
                 times[name].append(1000 * (clock() - t))
     return {k: statistics.median(v) for k, v in times.items()}, last
+
+
+def table(head: List[str], lines: List[List[str]], left: int = 1) -> str:
+    """A plain-text table: the first ``left`` columns left-aligned, the rest right."""
+    widths = [max(len(x) for x in col) for col in zip(head, *lines)]
+
+    def fmt(row):
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
+    return "\n".join([fmt(head), "  ".join("-" * w for w in widths)] + [fmt(r) for r in lines])
+
+
+def step_bench_parser(doc: str):
+    """The options shared by the step benchmarks (bench_dss, bench_soft_beam)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--quick", action="store_true", help="tiny models, 1 warm-up and 2 repeats (smoke test)")
+    p.add_argument("--json", help="write the rows to this file")
+    return p
+
+
+def quick_settings(args):
+    """--quick: 1 warm-up, 2 repeats, batch 8."""
+    if args.quick:
+        args.warmup, args.repeats, args.batch_size = 1, 2, 8
+    return args
