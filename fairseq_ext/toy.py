@@ -177,6 +177,7 @@ TINY_ARCHS = {
     "lstm": ["--arch", "lstm", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
              "--decoder-embed-dim", "16", "--encoder-hidden-size", "16", "--decoder-hidden-size", "16",
              "--decoder-out-embed-dim", "16"],
+    "tagging_lstm": ["--arch", "tagging_lstm_tiny"],
     "transformer_lm": ["--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16",
                        "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2"],
 }

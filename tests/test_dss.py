@@ -8,7 +8,6 @@ import os
 
 import pytest
 import torch
-from fairseq import options, tasks
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
 from conftest import REPO, run_cli
@@ -119,13 +118,8 @@ def models(toy_bin, conll, cache):
     for arch in ("transformer", "lstm"):
         task, model, _ = toy.build_task_and_model(toy_bin, "translation", arch)
         out[arch] = (model.eval(), _batch(task, "valid"))
-    torch.manual_seed(1)
-    args = options.parse_args_and_arch(
-        options.get_training_parser(),
-        [conll, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--task", "sequence_tagging", "--cache-dir", cache,
-         "--arch", "tagging_lstm_tiny"])
-    task = tasks.setup_task(args)
-    out["tagging_lstm"] = (task.build_model(args).eval(), _batch(task, "test"))
+    task, model, _ = toy.build_task_and_model(conll, "sequence_tagging", "tagging_lstm", ["--cache-dir", cache])
+    out["tagging_lstm"] = (model.eval(), _batch(task, "test"))
     return out
 
 

@@ -9,7 +9,6 @@ import os
 
 import pytest
 import torch
-from fairseq import options, tasks
 
 from conftest import REPO, run_cli
 from fairseq_ext import toy
@@ -104,13 +103,7 @@ def test_alpha_schedules_equal_their_formulas():
 @pytest.fixture(scope="module")
 def tagger(conll, cache):
     """A tagging_lstm_tiny trained a little with CE (so its decisions are not ties)."""
-    torch.manual_seed(1)
-    args = options.parse_args_and_arch(
-        options.get_training_parser(),
-        [conll, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--task", "sequence_tagging", "--cache-dir", cache,
-         "--arch", "tagging_lstm_tiny"])
-    task = tasks.setup_task(args)
-    model = task.build_model(args)
+    task, model, _ = toy.build_task_and_model(conll, "sequence_tagging", "tagging_lstm", ["--cache-dir", cache])
     task.load_dataset("train")
     ds = task.dataset("train")
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
