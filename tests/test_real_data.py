@@ -47,7 +47,8 @@ def test_multi30k_end_to_end(real_data, tmp_path):
              "--adam-betas", "(0.9,0.98)", "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
              "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", "4096",
              "--max-update", "200", "--save-dir", str(save), "--no-epoch-checkpoints", "--no-save-optimizer-state",
-             "--log-format", "simple", "--seed", "1", "--num-workers", "0"])
+             "--log-format", "simple", "--seed", "1", "--num-workers", "0"],
+            timeout=1800)  # about 2 minutes on an idle machine; 10+ under heavy load
     gen = run_cli(["fairseq-generate", str(data / "bin"), "--user-dir", "fairseq_ext", "--path", str(save / "checkpoint_last.pt"),
                    "--gen-subset", "test", "--beam", "4", "--batch-size", "128", "--post-process", "sentencepiece",
                    "--max-len-a", "1.2", "--max-len-b", "10"])
