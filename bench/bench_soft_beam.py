@@ -38,7 +38,7 @@ for _name in ("fairseq", "fairseq_cli"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
 import torch  # noqa: E402
-from fairseq import options, tasks, utils  # noqa: E402
+from fairseq import utils  # noqa: E402
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion  # noqa: E402
 
 from fairseq_ext import toy  # noqa: E402
@@ -54,14 +54,13 @@ BEAMS = (3, 5)
 
 def build(name: str, tmp: str, quick: bool, batch_size: int, device: torch.device):
     """(task, model in train mode, batch) for ``tagging`` or ``transformer``."""
-    torch.manual_seed(1)
     if name == "tagging":
         data = toy.write_toy_conll(os.path.join(tmp, "conll"), sizes=(max(64, batch_size), 10, 10))
-        argv = [data, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--task", "sequence_tagging", "--cache-dir",
-                os.path.join(tmp, "cache"), "--arch", "tagging_lstm_tiny" if quick else "tagging_lstm_ner"]
-        args = options.parse_args_and_arch(options.get_training_parser(), argv)
-        task = tasks.setup_task(args)
-        model = task.build_model(args)
+        # the arch's own dropout (tiny 0, ner 0.2), not build_task_and_model's 0.1
+        arch = ["--arch", "tagging_lstm_tiny", "--dropout", "0.0"] if quick else \
+            ["--arch", "tagging_lstm_ner", "--dropout", "0.2"]
+        task, model, _ = toy.build_task_and_model(data, "sequence_tagging", "tagging_lstm",
+                                                  ["--cache-dir", os.path.join(tmp, "cache")] + arch)
     else:
         raw = toy.write_toy_data(os.path.join(tmp, "raw"), sizes=(max(64, batch_size), 10, 10))
         data = toy.binarize_translation(raw, os.path.join(tmp, "bin"))

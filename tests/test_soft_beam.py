@@ -15,12 +15,13 @@ from fairseq_ext import toy
 from fairseq_ext.core.soft_beam import (
     continuous_topk_argmax,
     hamming_step_costs,
+    hard_beam_step,
     soft_beam_loss,
     soft_beam_step,
     soft_max_score,
 )
 from fairseq_ext.core.schedules import interpolated
-from fairseq_ext.generators.soft_beam import hard_beam_step, run_beam
+from fairseq_ext.generators.soft_beam import run_beam
 from fairseq_ext.generators.soft_inputs import SoftReorder
 
 # ----------------------------------------------------------------- core

@@ -13,6 +13,7 @@ squared or multiplied).
   output weights a_i = column sums of p_i, the new scores s_i = sum(s~ * p_i) and
   cumulative costs D_i = a_i . d + sum_j b~_i[j] D_j; also the hard beam step's
   choices (the MAP of the soft ones, section 4.3.4).
+- ``hard_beam_step``: Algorithm 1's exact top-k step in the same form.
 - ``soft_beam_loss`` (line 19, eq. 4.2): L = peaked-softmax_alpha(s_T) . D_T;
   ``soft_max_score``: s_max = peaked-softmax_alpha(s_T) . s_T (hinge, section 4.4).
 - ``hamming_step_costs``: the decomposable Hamming cost d_t(w) = c(w) [w != y*_t].
@@ -71,6 +72,16 @@ class BeamStep:
     hard_outputs: Tensor
 
 
+def candidate_scores(beam_scores: Tensor, local_scores: Tensor, step_costs: Optional[Tensor] = None,
+                     augment: bool = False) -> Tensor:
+    """s~[j, w] = s_j + f_j(w) (+ d(w) when ``augment``): (B, K, V) (line 5 of
+    Algorithms 1 and 3; section 4.4 for the cost augmentation)."""
+    cand = beam_scores.unsqueeze(-1) + local_scores
+    if step_costs is not None and augment:
+        cand = cand + step_costs.unsqueeze(1)
+    return cand
+
+
 def soft_beam_step(
     beam_scores: Tensor,
     local_scores: Tensor,
@@ -89,9 +100,7 @@ def soft_beam_step(
     """
     if costs is None:
         costs = torch.zeros_like(beam_scores)
-    cand = beam_scores.unsqueeze(-1) + local_scores  # s~ (B, K, V)
-    if step_costs is not None and augment:
-        cand = cand + step_costs.unsqueeze(1)
+    cand = candidate_scores(beam_scores, local_scores, step_costs, augment)
     p = continuous_topk_argmax(cand, k, alpha)  # (B, k, K, V)
     backpointers = p.sum(-1)
     outputs = p.sum(-2)
@@ -105,6 +114,24 @@ def soft_beam_step(
     joint = p.flatten(-2).argmax(-1)  # the MAP (beam, output) pair of each p_i
     vocab = cand.size(-1)
     return BeamStep(backpointers, outputs, new_scores, new_costs, joint // vocab, joint % vocab)
+
+
+def hard_beam_step(beam_scores: Tensor, local_scores: Tensor, k: int, costs: Optional[Tensor] = None,
+                   step_costs: Optional[Tensor] = None, augment: bool = False) -> BeamStep:
+    """Algorithm 1, lines 5-7 (exact top-k), in ``BeamStep`` form (one-hot
+    backpointers and outputs): the alpha -> inf limit of ``soft_beam_step``."""
+    K, V = local_scores.shape[-2:]
+    if costs is None:
+        costs = torch.zeros_like(beam_scores)
+    cand = candidate_scores(beam_scores, local_scores, step_costs, augment)
+    top, index = cand.flatten(-2).topk(k, dim=-1)
+    back, out = index // V, index % V
+    backpointers = torch.nn.functional.one_hot(back, K).to(local_scores.dtype)
+    outputs = torch.nn.functional.one_hot(out, V).to(local_scores.dtype)
+    new_costs = costs.gather(1, back)
+    if step_costs is not None:
+        new_costs = new_costs + step_costs.gather(1, out)
+    return BeamStep(backpointers, outputs, top, new_costs, back, out)
 
 
 def soft_beam_loss(scores: Tensor, costs: Tensor, alpha: float) -> Tensor:

@@ -32,12 +32,7 @@ from fairseq_ext.core.relaxations import DECISION_MODES
 from fairseq_ext.core.schedules import EPS_SCHEDULES, check_eps_schedule, exponential_growth, teacher_forcing_prob
 from fairseq_ext.core.token_losses import label_smoothed_nll
 from fairseq_ext.criterions.clock import TrainingClock
-from fairseq_ext.generators.soft_inputs import (
-    check_plain_output_layer,
-    decoder_embedding,
-    make_noise_fn,
-    run_scheduled_sampling,
-)
+from fairseq_ext.generators.soft_inputs import make_noise_fn, run_scheduled_sampling
 
 
 @dataclass
@@ -127,8 +122,6 @@ class DifferentiableScheduledSampling(FairseqCriterion):
         eps, alpha = self.schedule_values()
         fed = None
         if model.training and eps < 1.0:
-            check_plain_output_layer(model.decoder)
-            decoder_embedding(model.decoder)
             fed = self.model_fed_mask(net_input["prev_output_tokens"], eps)
         if fed is None or not bool(fed.any()):
             logits = model(**net_input)[0]

@@ -102,7 +102,7 @@ class _SoftBeamCriterion(FairseqCriterion):
             raise FloatingPointError(f"{type(self).__name__}: non-finite loss for {int((~torch.isfinite(losses)).sum())} "
                                      "sentence(s); check --normalization and the model's scores")
         best = result.best_tokens()
-        beam_cost = costs.gather(-1, best.clamp(max=costs.size(-1) - 1).unsqueeze(-1)).squeeze(-1)
+        beam_cost = costs.gather(-1, best.unsqueeze(-1)).squeeze(-1)
         beam_cost = beam_cost.masked_fill(target.eq(self.padding_idx), 0.0).sum()
         nsentences = target.size(0)
         logging_output = {

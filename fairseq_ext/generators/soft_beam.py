@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import Tensor
 
-from fairseq_ext.core.soft_beam import BeamStep, soft_beam_step
+from fairseq_ext.core.soft_beam import hard_beam_step, soft_beam_step
 from fairseq_ext.generators.soft_inputs import (
     EmbeddingOverride,
     SoftReorder,
@@ -57,26 +57,6 @@ def local_scores(logits: Tensor, normalization: str) -> Tensor:
     raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
 
 
-def hard_beam_step(beam_scores: Tensor, scores: Tensor, k: int, costs: Optional[Tensor] = None,
-                   step_costs: Optional[Tensor] = None, augment: bool = False) -> BeamStep:
-    """Algorithm 1, lines 5-7 (exact top-k), in ``BeamStep`` form (one-hot
-    backpointers and outputs)."""
-    B, K, V = scores.shape
-    if costs is None:
-        costs = torch.zeros_like(beam_scores)
-    cand = beam_scores.unsqueeze(-1) + scores
-    if step_costs is not None and augment:
-        cand = cand + step_costs.unsqueeze(1)
-    top, index = cand.flatten(-2).topk(k, dim=-1)
-    back, out = index // V, index % V
-    backpointers = torch.nn.functional.one_hot(back, K).to(scores.dtype)
-    outputs = torch.nn.functional.one_hot(out, V).to(scores.dtype)
-    new_costs = costs.gather(1, back)
-    if step_costs is not None:
-        new_costs = new_costs + step_costs.gather(1, out)
-    return BeamStep(backpointers, outputs, top, new_costs, back, out)
-
-
 def run_beam(
     model,
     net_input: Dict[str, Tensor],
@@ -108,6 +88,10 @@ def run_beam(
     scores[:, 0] = 0.0
     costs = torch.zeros(B, k, device=device)
     eye = torch.eye(k, device=device).expand(B, k, k)
+    identity = torch.arange(k, device=device).expand(B, k)
+    padding = torch.full_like(identity, decoder.dictionary.pad())
+    first_row = torch.arange(B, device=device).view(B, 1) * k
+    all_rows = torch.ones(B * k, 1, dtype=torch.bool, device=device)
     reorder = SoftReorder(decoder)
     state: Dict = {}
     inputs: Optional[Tensor] = None  # (B*k, E) soft inputs (the hard beam feeds tokens through prev)
@@ -117,7 +101,7 @@ def run_beam(
     with EmbeddingOverride(embedding) as override:
         for t in range(T):
             if t > 0 and not hard:
-                override.set(torch.ones(B * k, 1, dtype=torch.bool, device=device), inputs.unsqueeze(1))
+                override.set(all_rows, inputs.unsqueeze(1))
             logits = decoder(prev, encoder_out=encoder_out, incremental_state=state)[0][:, -1]
             f = local_scores(logits, normalization).view(B, k, -1)
             d = None if step_costs is None else step_costs[:, t]
@@ -125,18 +109,16 @@ def run_beam(
                 step = hard_beam_step(scores, f, k, costs, d, augment)
             else:
                 step = soft_beam_step(scores, f, alpha, k, costs, d, augment)
-            active = (t < horizon).to(device)
-            act = active.view(B, 1)
+            act = (t < horizon).to(device).view(B, 1)
             scores = torch.where(act, step.scores, scores)
             costs = torch.where(act, step.costs, costs)
             mix = torch.where(act.unsqueeze(-1), step.backpointers, eye)
-            identity = torch.arange(k, device=device).expand(B, k)
             back_hist.append(torch.where(act, step.hard_backpointers, identity))
-            out_hist.append(torch.where(act, step.hard_outputs, torch.full_like(identity, decoder.dictionary.pad())))
+            out_hist.append(torch.where(act, step.hard_outputs, padding))
             if t + 1 == T:
                 break
             if hard:
-                order = (torch.arange(B, device=device).view(B, 1) * k + back_hist[-1]).view(-1)
+                order = (first_row + back_hist[-1]).view(-1)
                 decoder.reorder_incremental_state(state, order)
                 prev = torch.cat([prev.index_select(0, order), out_hist[-1].view(-1, 1)], dim=1)
             else:
@@ -201,7 +183,7 @@ class BeamGenerator:
         encoder_out = model.encoder.reorder_encoder_out(
             model.encoder(src, src_lengths=net_input.get("src_lengths")), rows)
         f = local_scores(model.decoder(prev, encoder_out=encoder_out)[0], self.normalization)
-        positional = f.gather(-1, tokens.clamp(max=f.size(-1) - 1).unsqueeze(-1)).squeeze(-1).view(B, k, -1)
+        positional = f.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).view(B, k, -1)
         out = []
         for b in range(B):
             n = int(horizon[b])

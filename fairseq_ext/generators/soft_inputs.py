@@ -122,7 +122,8 @@ def run_scheduled_sampling(
         raise ValueError(f"mode {mode!r} needs a noise_fn")
     decoder = model.decoder
     check_plain_output_layer(decoder)
-    embed_weight = decoder_embedding(decoder).weight
+    embedding = decoder_embedding(decoder)
+    embed_weight = embedding.weight
     prev = net_input["prev_output_tokens"]
     encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input.get("src_lengths"))
 
@@ -130,7 +131,7 @@ def run_scheduled_sampling(
         noise = noise_fn(scores) if noise_fn is not None else None
         return decision_embedding(scores, embed_weight, mode, alpha, noise)
 
-    with EmbeddingOverride(decoder_embedding(decoder)) as override:
+    with EmbeddingOverride(embedding) as override:
         if passes == 0:
             return _sequential(decoder, prev, encoder_out, model_fed, decide, override)
         logits, _ = decoder(prev, encoder_out=encoder_out)
@@ -197,10 +198,8 @@ class SoftReorder:
         first = torch.arange(num_sentences, device=mix.device).repeat_interleave(rows // num_sentences) * K
         order = (first.unsqueeze(1) + torch.arange(K, device=mix.device)).view(-1)  # (B*k*K,) r-major
         hard = torch.arange(rows, device=mix.device) * K + mix.argmax(-1)  # rows of ``order`` to keep
-        snapshot = _copy_state(state)
+        snapshot = _copy_state(state)  # the reorder below mutates ``state``'s inner dicts, not these
         old = _leaves(snapshot)
-        state.clear()
-        state.update(_copy_state(snapshot))
         self.decoder.reorder_incremental_state(state, order)
         gathered = _leaves(state)
         state.clear()
