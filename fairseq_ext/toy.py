@@ -178,6 +178,11 @@ TINY_ARCHS = {
              "--decoder-embed-dim", "16", "--encoder-hidden-size", "16", "--decoder-hidden-size", "16",
              "--decoder-out-embed-dim", "16"],
     "tagging_lstm": ["--arch", "tagging_lstm_tiny"],
+    # conditional masked LM (Mask-Predict); its task is translation_lev / translation_mh
+    "cmlm_transformer": ["--arch", "cmlm_transformer", "--encoder-layers", "1", "--decoder-layers", "1",
+                         "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+                         "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
+                         "--decoder-attention-heads", "2", "--share-all-embeddings", "--noise", "random_mask"],
     "transformer_lm": ["--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16",
                        "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2"],
 }

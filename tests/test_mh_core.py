@@ -171,8 +171,12 @@ def test_schedules():
     assert mcmc.annealed_block_size(4, 3, 7, False) == 4
     assert mcmc.annealed_target_temperature(1.0, 0.04, 10, 0.05) == pytest.approx(0.6)
     assert mcmc.annealed_target_temperature(1.0, 0.04, 100, 0.05) == pytest.approx(0.05)
-    with pytest.raises(ValueError, match="energy"):
+    with pytest.raises(ValueError, match="energy must be one of"):
         mcmc.MHConfig(energy="norm").check()
+    with pytest.raises(ValueError, match="--mh-block-size must be >= 1, got 0"):
+        mcmc.MHConfig(block_size=0).check(prefix="--mh-")
+    with pytest.raises(ValueError, match="--mh-top-p must be in"):
+        mcmc.MHConfig(top_p=1.5).check(prefix="--mh-")
 
 
 def test_rejected_proposals_keep_the_state_and_its_energy():

@@ -71,23 +71,31 @@ def single_masked_copies(tokens: Tensor, free: Tensor, mask_idx: int) -> Tuple[T
     return copies, row, pos
 
 
-def energies(logits_fn: LogitsFn, tokens: Tensor, free: Tensor, owner: Tensor, mask_idx: int,
-             max_rows: int = 0) -> Tuple[Tensor, Tensor]:
-    """E_raw and E_local (section 6.2.1, 6.2.4) of every row.
+def energy_terms(logits_fn: LogitsFn, tokens: Tensor, free: Tensor, owner: Tensor, mask_idx: int,
+                 max_rows: int = 0) -> Tuple[Tensor, Tensor]:
+    """The positional terms of E_raw and E_local (section 6.2.1, 6.2.4):
+    -logit_t(y^{(t)})[y_t] and -log p_mlm(y_t | y^{(t)}) at free positions, 0 elsewhere.
 
     tokens, free: (C, L); owner: (C,). One batched forward over all single-masked
-    copies (chunked by ``max_rows``). Returns two (C,) float tensors.
+    copies (chunked by ``max_rows``). Returns two (C, L) float tensors.
     """
     copies, row, pos = single_masked_copies(tokens, free, mask_idx)
-    e_raw = tokens.new_zeros(tokens.size(0), dtype=torch.float)
-    e_local = tokens.new_zeros(tokens.size(0), dtype=torch.float)
+    raw = torch.zeros(tokens.shape, dtype=torch.float, device=tokens.device)
+    local = torch.zeros_like(raw)
     if row.numel() == 0:
-        return e_raw, e_local
+        return raw, local
     logits = masked_logits(logits_fn, copies, owner[row], pos[:, None], max_rows)[:, 0].float()
-    gold = tokens[row, pos]
-    score = logits.gather(1, gold[:, None]).squeeze(1)
-    log_p = score - torch.logsumexp(logits, dim=-1)
-    return e_raw.index_add_(0, row, -score), e_local.index_add_(0, row, -log_p)
+    score = logits.gather(1, tokens[row, pos][:, None]).squeeze(1)
+    raw[row, pos] = -score
+    local[row, pos] = torch.logsumexp(logits, dim=-1) - score
+    return raw, local
+
+
+def energies(logits_fn: LogitsFn, tokens: Tensor, free: Tensor, owner: Tensor, mask_idx: int,
+             max_rows: int = 0) -> Tuple[Tensor, Tensor]:
+    """E_raw and E_local of every row: the sums of :func:`energy_terms`, two (C,)."""
+    raw, local = energy_terms(logits_fn, tokens, free, owner, mask_idx, max_rows)
+    return raw.sum(1), local.sum(1)
 
 
 def proposal_log_probs(logits: Tensor, temperature: float = 1.0, top_p: float = 1.0,
@@ -208,22 +216,28 @@ class MHConfig:
     accept_all_epochs: int = 0
     max_rows: int = 0
 
-    def check(self) -> "MHConfig":
-        if self.energy not in ENERGIES:
-            raise ValueError(f"energy must be one of {ENERGIES}, got {self.energy!r}")
-        if self.kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
-        if self.order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
-        if self.burn_in < 0 or self.epochs < 1:
-            raise ValueError(f"need burn_in >= 0 and epochs >= 1, got {self.burn_in}, {self.epochs}")
-        if self.block_size < 1:
-            raise ValueError(f"block size must be >= 1, got {self.block_size}")
-        if self.proposal_temperature <= 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"need proposal temperature > 0 and top-p in (0, 1], got "
-                             f"{self.proposal_temperature}, {self.top_p}")
-        if self.target_temperature <= 0 or self.min_target_temperature <= 0 or self.target_anneal < 0:
-            raise ValueError("target temperature and its floor must be > 0 and the anneal step >= 0")
+    def check(self, prefix: str = "") -> "MHConfig":
+        """Raise ValueError naming the first bad option (``prefix`` + its name with
+        dashes, e.g. ``--mh-block-size`` for prefix ``--mh-``); returns self."""
+        def bad(name: str, msg: str) -> ValueError:
+            shown = prefix + name.replace("_", "-") if prefix else name
+            return ValueError(f"{shown} {msg}, got {getattr(self, name)!r}")
+
+        choices = {"energy": ENERGIES, "kernel": KERNELS, "order": ORDERS}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise bad(name, f"must be one of {allowed}")
+        for name in ("burn_in", "accept_all_epochs", "target_anneal", "max_rows"):
+            if getattr(self, name) < 0:
+                raise bad(name, "must be >= 0")
+        for name in ("epochs", "block_size"):
+            if getattr(self, name) < 1:
+                raise bad(name, "must be >= 1")
+        for name in ("proposal_temperature", "target_temperature", "min_target_temperature"):
+            if not getattr(self, name) > 0:
+                raise bad(name, "must be > 0")
+        if not 0 < self.top_p <= 1:
+            raise bad("top_p", "must be in (0, 1]")
         return self
 
     @property

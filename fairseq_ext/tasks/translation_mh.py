@@ -1,0 +1,89 @@
+"""Task ``translation_mh``: fairseq's ``translation_lev`` (train a ``cmlm_transformer``
+with ``--noise random_mask`` exactly as there) whose generator is the
+Metropolis-Hastings sampler of the thesis's chapter 6
+(``fairseq_ext/generators/mh_sampler.py``, kernels in ``fairseq_ext/core/mcmc.py``).
+
+    fairseq-generate DATA --user-dir fairseq_ext --task translation_mh --path cmlm.pt \\
+        --mh-energy raw --mh-chains 5 --mh-stats-file stats.jsonl
+
+Options are documented in docs/mh_sampler.md.
+"""
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
+from fairseq.tasks.translation_lev import TranslationLevenshteinConfig, TranslationLevenshteinTask
+
+from fairseq_ext.core import mcmc
+from fairseq_ext.generators.mh_sampler import INITS, MHSampler
+
+
+@dataclass
+class TranslationMHConfig(TranslationLevenshteinConfig):
+    mh_energy: ChoiceEnum(list(mcmc.ENERGIES)) = field(
+        default="raw", metadata={"help": "target energy: raw = -sum of masked logits (section 6.2.1), "
+                                         "local = -sum of masked log-probabilities (section 6.2.4)"})
+    mh_kernel: ChoiceEnum(list(mcmc.KERNELS)) = field(
+        default="mh", metadata={"help": "mh = Metropolis-Hastings; gibbs = degenerate Gibbs (accept every "
+                                        "proposal: the baseline of section 6.6, not a valid sampler)"})
+    mh_chains: int = field(default=1, metadata={"help": "Markov chains per sentence (one hypothesis each)"})
+    mh_burn_in: int = field(default=7, metadata={"help": "burn-in epochs (section 6.5: 7)"})
+    mh_epochs: int = field(default=26, metadata={"help": "epochs after burn-in (section 6.5: at least 26); "
+                                                         "an epoch visits every position once"})
+    mh_order: ChoiceEnum(list(mcmc.ORDERS)) = field(
+        default="random", metadata={"help": "position order within an epoch (random: without replacement)"})
+    mh_block_size: int = field(default=1, metadata={"help": "positions masked and proposed together "
+                                                            "(block MH, section 6.4.1)"})
+    mh_anneal_block: bool = field(default=False, metadata={"help": "anneal the block size linearly to 1 over "
+                                                                   "the epochs (section 6.7.3)"})
+    mh_proposal_temperature: float = field(default=1.0, metadata={"help": "temperature of the masked "
+                                                                          "conditionals used as proposal"})
+    mh_top_p: float = field(default=1.0, metadata={"help": "nucleus of the proposal (1.0: off)"})
+    mh_target_temperature: float = field(default=1.0, metadata={"help": "sample from exp(-E / T)"})
+    mh_target_anneal: float = field(default=0.0, metadata={"help": "subtract this from the target temperature "
+                                                                   "after every epoch (section 6.8: 0.02-0.06)"})
+    mh_min_target_temperature: float = field(default=0.05, metadata={"help": "floor of the annealed target "
+                                                                             "temperature"})
+    mh_accept_all_epochs: int = field(default=0, metadata={"help": "accept every proposal in the first N epochs "
+                                                                   "(the Table 6.6 set-up uses 2)"})
+    mh_init: ChoiceEnum(list(INITS)) = field(
+        default="greedy", metadata={"help": "initial state: greedy = argmax of one pass over the all-masked "
+                                            "target (Algorithm 4), random = uniform tokens"})
+    mh_max_rows: int = field(default=4096, metadata={"help": "decoder rows per forward pass (memory bound; "
+                                                             "0: all single-masked copies at once)"})
+    mh_stats_file: Optional[str] = field(default=None, metadata={"help": "write per-sentence chain statistics "
+                                                                        "(JSON lines) here"})
+    mh_history: bool = field(default=False, metadata={"help": "also store every chain's state after each "
+                                                               "epoch in --mh-stats-file"})
+
+
+@register_task("translation_mh", dataclass=TranslationMHConfig)
+class TranslationMHTask(TranslationLevenshteinTask):
+    """``translation_lev`` with the Metropolis-Hastings sampler as generator."""
+
+    cfg: TranslationMHConfig
+
+    def __init__(self, cfg: TranslationMHConfig, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        try:  # bad options fail before any data is read
+            self.mh_config().check(prefix="--mh-")
+        except ValueError as e:
+            raise ValueError(f"translation_mh: {e}") from None
+        if cfg.mh_chains < 1:
+            raise ValueError(f"translation_mh: --mh-chains must be >= 1, got {cfg.mh_chains}")
+
+    def mh_config(self) -> mcmc.MHConfig:
+        c = self.cfg
+        return mcmc.MHConfig(
+            energy=str(c.mh_energy), kernel=str(c.mh_kernel), burn_in=c.mh_burn_in, epochs=c.mh_epochs,
+            order=str(c.mh_order), block_size=c.mh_block_size, anneal_block=c.mh_anneal_block,
+            proposal_temperature=c.mh_proposal_temperature, top_p=c.mh_top_p,
+            target_temperature=c.mh_target_temperature, target_anneal=c.mh_target_anneal,
+            min_target_temperature=c.mh_min_target_temperature, accept_all_epochs=c.mh_accept_all_epochs,
+            max_rows=c.mh_max_rows)
+
+    def build_generator(self, models, args, **unused):
+        return MHSampler(models, self.target_dictionary, self.mh_config(), chains=self.cfg.mh_chains,
+                         init=str(self.cfg.mh_init), stats_file=self.cfg.mh_stats_file,
+                         history=self.cfg.mh_history)
