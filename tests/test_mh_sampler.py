@@ -32,7 +32,7 @@ def cmlm(toy_bin, tmp_path_factory):
 
 def generate(toy_bin, cmlm, *extra):
     proc = run_cli(["fairseq-generate", toy_bin, "--user-dir", USER_DIR, "--task", "translation_mh",
-                    "--path", cmlm, "--gen-subset", "valid", "--batch-size", "16", "--seed", "3", *extra])
+                    "--path", cmlm, "--gen-subset", "valid", "--batch-size", "12", "--seed", "3", *extra])
     return proc.stdout
 
 

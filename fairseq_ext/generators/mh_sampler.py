@@ -137,7 +137,9 @@ class MHSampler:
                 r = slice(b * self.chains, (b + 1) * self.chains)
                 target = sample["target"][b]
                 line = {"id": sid, "ref": self.tgt_dict.string(target[target.ne(self.pad)]),
-                        "length": int(result.tokens[r.start].ne(self.pad).sum()) - 2, "epochs": []}
+                        "length": int(result.tokens[r.start].ne(self.pad).sum()) - 2,
+                        "burn_in": self.cfg.burn_in, "energy": self.cfg.energy, "kernel": self.cfg.kernel,
+                        "epochs": []}
                 for e in range(len(st.proposals)):
                     row = {"epoch": e, "target_temperature": st.target_temperature[e], "block_size": st.block_size[e],
                            "proposals": st.proposals[e][r].tolist(), "accepted": st.accepted[e][r].tolist(),

@@ -26,7 +26,7 @@ as fairseq-train, so that it finds the same dictionaries.
 fairseq-generate's length limit is set to the source length (``--max-len-a``
 and ``--max-len-b`` are ignored): a tagger never outputs more labels than words;
 ``--beam`` may not exceed the number of labels; batches are not rounded to a
-multiple of ``--required-batch-size-multiple`` (see ``get_batch_iterator``).
+multiple of ``--required-batch-size-multiple`` (see ``fairseq_ext/tasks/batching.py``).
 """
 import contextlib
 import hashlib
@@ -48,6 +48,7 @@ from fairseq.tasks import FairseqTask, register_task
 from fairseq_ext.core.tagging_metrics import conlleval_counts, precision_recall_f1
 from fairseq_ext.generators.candidates import DecodeConfig, decode_candidates
 from fairseq_ext.generators.soft_beam import BeamGenerator
+from fairseq_ext.tasks.batching import KeepLastBatch
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +196,7 @@ def write_indexed(sequences: Sequence[List[int]], vocab_size: int, prefix: str) 
 
 
 @register_task("sequence_tagging", dataclass=SequenceTaggingConfig)
-class SequenceTaggingTask(FairseqTask):
+class SequenceTaggingTask(KeepLastBatch, FairseqTask):
     """Tag CoNLL sentences with a seq2seq model; see the module docstring."""
 
     cfg: SequenceTaggingConfig
@@ -287,13 +288,6 @@ class SequenceTaggingTask(FairseqTask):
             src, src.sizes, self.src_dict, tgt, tgt.sizes, self.tgt_dict,
             left_pad_source=self.cfg.left_pad_source, left_pad_target=False,
         )
-
-    def get_batch_iterator(self, dataset, **kwargs):
-        """fairseq's iterator with ``required_batch_size_multiple`` = 1: fairseq main
-        (fairseq-fixed) drops the last batch when it is not a multiple of that
-        (default 8), which would silently skip test sentences in fairseq-generate."""
-        kwargs["required_batch_size_multiple"] = 1
-        return super().get_batch_iterator(dataset, **kwargs)
 
     def build_generator(self, models: Sequence, args, **kwargs):
         """fairseq's generator, with its length limit set to the source length.

@@ -17,6 +17,7 @@ from fairseq.tasks.translation_lev import TranslationLevenshteinConfig, Translat
 
 from fairseq_ext.core import mcmc
 from fairseq_ext.generators.mh_sampler import INITS, MHSampler
+from fairseq_ext.tasks.batching import KeepLastBatch
 
 
 @dataclass
@@ -59,7 +60,7 @@ class TranslationMHConfig(TranslationLevenshteinConfig):
 
 
 @register_task("translation_mh", dataclass=TranslationMHConfig)
-class TranslationMHTask(TranslationLevenshteinTask):
+class TranslationMHTask(KeepLastBatch, TranslationLevenshteinTask):
     """``translation_lev`` with the Metropolis-Hastings sampler as generator."""
 
     cfg: TranslationMHConfig

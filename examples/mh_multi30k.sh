@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Metropolis-Hastings sampling from a conditional masked LM (Goyal thesis ch. 6,
+# Tables 6.2-6.6, Figures 6.2-6.4), CPU scale, on Multi30k De-En.
+#
+# 1. a small cmlm_transformer (2+2 layers, 192 units, joint 4k BPE) trained with
+#    fairseq's translation_lev recipe (--noise random_mask, nat_loss) for UPDATES updates;
+# 2. the "De-En (20)" evaluation set: the first SENTENCES test2016 pairs whose
+#    source has at most 20 words;
+# 3. baselines: greedy warm start (one pass, no refinement) and Mask-Predict
+#    (fairseq's iterative refinement, 10 iterations);
+# 4. samplers through fairseq-generate --task translation_mh, CHAINS chains per
+#    sentence, BURN_IN + EPOCHS epochs, statistics with --mh-history;
+# 5. scripts/plot_mh.py: the table (averages after burn-in) and PNG curves.
+#
+# usage: examples/mh_multi30k.sh WORK_DIR
+# env: FAIRSEQ_EXT_DATA (required), UPDATES (1500), SENTENCES (100), CHAINS (2),
+#      BURN_IN (7), EPOCHS (13), JOBS (2), VOCAB (4000), ONLY (run names),
+#      CMLM (use this checkpoint instead of training one)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK=${1:?usage: $0 WORK_DIR}
+: "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
+UPDATES=${UPDATES:-1500}
+SENTENCES=${SENTENCES:-100}
+CHAINS=${CHAINS:-2}
+BURN_IN=${BURN_IN:-7}
+EPOCHS=${EPOCHS:-13}
+JOBS=${JOBS:-2}
+VOCAB=${VOCAB:-4000}
+PYTHON=${PYTHON:-python}
+export OMP_NUM_THREADS=1
+mkdir -p "$WORK"
+
+[ -d "$WORK/data/bin" ] || bash scripts/prepare_multi30k.sh "$FAIRSEQ_EXT_DATA/multi30k" "$WORK/data" "$VOCAB" \
+  > "$WORK/prepare.log" 2>&1
+
+CMLM=${CMLM:-$WORK/cmlm/checkpoint_last.pt}
+if [ ! -s "$CMLM" ]; then
+  echo "==> training the CMLM ($UPDATES updates)"
+  fairseq-train "$WORK/data/bin" --user-dir fairseq_ext --task translation_mh --noise random_mask \
+    --source-lang de --target-lang en --arch cmlm_transformer --encoder-layers 2 --decoder-layers 2 \
+    --encoder-embed-dim 192 --decoder-embed-dim 192 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 \
+    --encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings --encoder-learned-pos \
+    --decoder-learned-pos --apply-bert-init --dropout 0.1 --criterion nat_loss --label-smoothing 0.1 \
+    --length-loss-factor 0.1 --optimizer adam --adam-betas '(0.9,0.98)' --lr 0.001 --lr-scheduler inverse_sqrt \
+    --warmup-updates 400 --warmup-init-lr 1e-7 --clip-norm 1.0 --max-tokens 4096 --max-update "$UPDATES" \
+    --seed 1 --save-dir "$WORK/cmlm" --no-epoch-checkpoints --num-workers 0 --log-format simple \
+    --log-interval 50 > "$WORK/cmlm.log" 2>&1 || { tail "$WORK/cmlm.log"; exit 1; }
+fi
+
+# De-En (20): short-source test pairs, binarized with the model's dictionaries
+if [ ! -s "$WORK/data/bin20_n$SENTENCES/test.de-en.de.bin" ]; then
+  mkdir -p "$WORK/data/raw20_n$SENTENCES"
+  "$PYTHON" - "$WORK/data/spm" "$FAIRSEQ_EXT_DATA/multi30k" "$WORK/data/raw20_n$SENTENCES" "$SENTENCES" <<'PY'
+import sys
+spm_dir, raw, out, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+pieces = {l: open(f"{spm_dir}/test.{l}").read().splitlines() for l in ("de", "en")}
+words = open(f"{raw}/test.de").read().splitlines()
+keep = [i for i, w in enumerate(words) if len(w.split()) <= 20][:n]
+for l in ("de", "en"):
+    with open(f"{out}/test.{l}", "w") as f:
+        f.writelines(pieces[l][i] + "\n" for i in keep)
+PY
+  fairseq-preprocess --source-lang de --target-lang en --testpref "$WORK/data/raw20_n$SENTENCES/test" \
+    --srcdict "$WORK/data/bin/dict.de.txt" --tgtdict "$WORK/data/bin/dict.en.txt" \
+    --destdir "$WORK/data/bin20_n$SENTENCES" --workers 1 > "$WORK/data/bin20_n$SENTENCES.log" 2>&1
+fi
+
+GEN=(--user-dir fairseq_ext --gen-subset test --batch-size 50 --required-batch-size-multiple 1
+  --post-process sentencepiece --seed 1)
+MH=(--task translation_mh --mh-chains "$CHAINS" --nbest 1 --mh-burn-in "$BURN_IN" --mh-epochs "$EPOCHS" --mh-history)
+declare -A RUNS=(
+  [deg_t1]="--mh-kernel gibbs"
+  [deg_t2]="--mh-kernel gibbs --mh-proposal-temperature 2.0"
+  [deg_t05]="--mh-kernel gibbs --mh-proposal-temperature 0.5"
+  [local_t1]="--mh-energy local"
+  [local_t2]="--mh-energy local --mh-proposal-temperature 2.0"
+  [local_t05]="--mh-energy local --mh-proposal-temperature 0.5"
+  [raw_t1]="--mh-energy raw"
+  [local_p09]="--mh-energy local --mh-top-p 0.9"
+  [deg_p09]="--mh-kernel gibbs --mh-top-p 0.9"
+  [deg_block]="--mh-kernel gibbs --mh-block-size 4 --mh-anneal-block"
+  [local_block]="--mh-energy local --mh-block-size 4 --mh-anneal-block"
+  [raw_block]="--mh-energy raw --mh-block-size 4 --mh-anneal-block"
+  [raw_anneal]="--mh-energy raw --mh-proposal-temperature 0.8 --mh-target-anneal 0.04 --mh-accept-all-epochs 2"
+  [local_anneal]="--mh-energy local --mh-proposal-temperature 0.8 --mh-target-anneal 0.04 --mh-accept-all-epochs 2"
+)
+ORDER="deg_t1 local_t1 raw_t1 deg_t2 local_t2 deg_block local_block raw_anneal local_anneal deg_t05 local_t05 raw_block local_p09 deg_p09"
+ONLY=${ONLY:-$ORDER}
+
+baseline() {  # name iterations
+  [ -s "$WORK/$1.json" ] && return
+  fairseq-generate "$WORK/data/bin20_n$SENTENCES" "${GEN[@]}" --task translation_lev --path "$CMLM" \
+    --iter-decode-max-iter "$2" --iter-decode-eos-penalty 0 > "$WORK/$1.gen" 2> "$WORK/$1.gen.log"
+  "$PYTHON" scripts/score.py "$WORK/$1.gen" --json "$WORK/$1.json" > /dev/null
+}
+baseline warm_start 0
+baseline mask_predict 10
+
+run() {  # name
+  local name=$1
+  if [ ! -s "$WORK/$name.json" ]; then
+    # shellcheck disable=SC2086
+    fairseq-generate "$WORK/data/bin20_n$SENTENCES" "${GEN[@]}" "${MH[@]}" ${RUNS[$name]} --path "$CMLM" \
+      --mh-stats-file "$WORK/$name.jsonl" > "$WORK/$name.gen" 2> "$WORK/$name.gen.log"
+    "$PYTHON" scripts/score.py "$WORK/$name.gen" --json "$WORK/$name.json" > /dev/null
+  fi
+  echo "done: $name"
+}
+for name in $ONLY; do
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+  run "$name" &
+done
+wait
+
+for b in warm_start mask_predict; do
+  echo "$b: BLEU $("$PYTHON" -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["bleu"], 2))' "$WORK/$b.json")"
+done
+files=(); for name in $ONLY; do files+=("$WORK/$name.jsonl"); done
+"$PYTHON" scripts/plot_mh.py "${files[@]}" --labels "$(echo $ONLY | tr ' ' ,)" --json "$WORK/mh_summary.json" \
+  $("$PYTHON" -c 'import matplotlib' 2>/dev/null && echo --png "$WORK/mh")

@@ -1,0 +1,128 @@
+#!/usr/bin/env python
+"""Summarise and plot Metropolis-Hastings chain statistics written by
+``fairseq-generate --task translation_mh --mh-stats-file FILE [--mh-history]``.
+
+For each run (one stats file) and epoch: acceptance rate and novel-transition rate
+(accepted proposals that changed the state, per proposal), mean E_raw and mean
+E_local of the chains' states at the end of the epoch, and with ``--mh-history``
+the corpus BLEU of each chain's states (sacrebleu, averaged over chains).
+
+Prints a markdown table of the averages over the epochs after burn-in (the layout
+of the thesis's Tables 6.2-6.5: E_local, novel rate, acceptance, BLEU) and with
+``--png PREFIX`` draws PREFIX_{accept,novel,e_local,e_raw,bleu}.png against epochs
+(Figures 6.2-6.4 analogues; needs matplotlib: ``pip install matplotlib``).
+
+usage: scripts/plot_mh.py RUN.jsonl [RUN2.jsonl ...] [--labels a,b] [--png PREFIX]
+       [--json FILE] [--post-process sentencepiece|none]
+"""
+import argparse
+import json
+import os
+import sys
+from typing import Dict, List
+
+import sacrebleu
+
+KEYS = ("accept", "novel", "e_local", "e_raw", "bleu")
+
+
+def detok(text: str, post_process: str) -> str:
+    if post_process == "sentencepiece":
+        return "".join(text.split()).replace("\u2581", " ").strip()
+    return text
+
+
+def load(path: str) -> List[dict]:
+    try:
+        with open(path) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        sys.exit(f"plot_mh: cannot read stats file {path}: {e}")
+    if not records or "epochs" not in records[0]:
+        sys.exit(f"plot_mh: {path} holds no translation_mh statistics (written by --mh-stats-file)")
+    return sorted(records, key=lambda r: r["id"])
+
+
+def per_epoch(records: List[dict], post_process: str) -> Dict[str, List[float]]:
+    """Curves over epochs, pooled over sentences and chains."""
+    n_epochs = len(records[0]["epochs"])
+    out: Dict[str, List[float]] = {k: [] for k in KEYS}
+    refs = [detok(r["ref"], post_process) for r in records]
+    chains = len(records[0]["epochs"][0]["proposals"])
+    for e in range(n_epochs):
+        eps = [r["epochs"][e] for r in records]
+        proposals = sum(sum(x["proposals"]) for x in eps)
+        out["accept"].append(sum(sum(x["accepted"]) for x in eps) / max(1, proposals))
+        out["novel"].append(sum(sum(x["novel"]) for x in eps) / max(1, proposals))
+        for key in ("e_local", "e_raw"):
+            values = [v for x in eps for v in x[key]]
+            out[key].append(sum(values) / len(values))
+        if "hyps" in eps[0]:
+            bleus = [sacrebleu.corpus_bleu([detok(x["hyps"][c], post_process) for x in eps], [refs]).score
+                     for c in range(chains)]
+            out["bleu"].append(sum(bleus) / chains)
+    return out
+
+
+def summary(curves: Dict[str, List[float]], burn_in: int) -> Dict[str, float]:
+    return {k: sum(v[burn_in:]) / len(v[burn_in:]) for k, v in curves.items() if v[burn_in:]}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", help="stats files (--mh-stats-file)")
+    p.add_argument("--labels", help="comma-separated run names (default: file names)")
+    p.add_argument("--png", help="write PREFIX_<curve>.png")
+    p.add_argument("--json", help="write the curves and summaries here")
+    p.add_argument("--post-process", default="sentencepiece", choices=["sentencepiece", "none"],
+                   help="how to detokenize hypotheses and references for BLEU")
+    args = p.parse_args()
+    labels = args.labels.split(",") if args.labels else [os.path.basename(r).rsplit(".", 1)[0] for r in args.runs]
+    if len(labels) != len(args.runs):
+        sys.exit(f"plot_mh: {len(labels)} --labels for {len(args.runs)} runs")
+    results = {}
+    for label, path in zip(labels, args.runs):
+        records = load(path)
+        curves = per_epoch(records, args.post_process)
+        results[label] = {"curves": curves, "summary": summary(curves, records[0].get("burn_in", 0)),
+                          "sentences": len(records), "burn_in": records[0].get("burn_in", 0),
+                          "chains": len(records[0]["epochs"][0]["proposals"])}
+    print("| run | sentences x chains | E_local | E_raw | accept | novel | BLEU |")
+    print("|---|---|---|---|---|---|---|")
+    for label, r in results.items():
+        s = r["summary"]
+        bleu = f"{s['bleu']:.2f}" if "bleu" in s else "-"
+        print(f"| {label} | {r['sentences']} x {r['chains']} | {s['e_local']:.2f} | {s['e_raw']:.2f} | "
+              f"{s['accept']:.3f} | {s['novel']:.3f} | {bleu} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if args.png:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            sys.exit("plot_mh: --png needs matplotlib (pip install matplotlib, or pip install -e '.[plot]')")
+        names = {"accept": "acceptance rate", "novel": "novel-transition rate", "e_local": "mean E_local",
+                 "e_raw": "mean E_raw", "bleu": "BLEU (mean over chains)"}
+        for key, name in names.items():
+            if not any(r["curves"][key] for r in results.values()):
+                continue
+            fig, ax = plt.subplots(figsize=(5, 3.5))
+            for label, r in results.items():
+                if r["curves"][key]:
+                    ax.plot(range(len(r["curves"][key])), r["curves"][key], label=label)
+            burn = max(r["burn_in"] for r in results.values())
+            if burn:
+                ax.axvline(burn - 0.5, color="grey", linestyle=":", linewidth=1)
+            ax.set_xlabel("epoch")
+            ax.set_ylabel(name)
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            fig.savefig(f"{args.png}_{key}.png", dpi=110)
+            plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
