@@ -135,8 +135,9 @@ class MHSampler:
         with open(self.stats_file, "a") as f:
             for b, sid in enumerate(sample["id"].tolist()):
                 r = slice(b * self.chains, (b + 1) * self.chains)
-                target = sample["target"][b]
-                line = {"id": sid, "ref": self.tgt_dict.string(target[target.ne(self.pad)]),
+                target = sample["target"][b] if sample.get("target") is not None else None
+                ref = "" if target is None else self.tgt_dict.string(target[target.ne(self.pad)])
+                line = {"id": sid, "ref": ref,
                         "length": int(result.tokens[r.start].ne(self.pad).sum()) - 2,
                         "burn_in": self.cfg.burn_in, "energy": self.cfg.energy, "kernel": self.cfg.kernel,
                         "epochs": []}
