@@ -113,9 +113,11 @@ for name in $ONLY; do
 done
 wait
 
-for b in warm_start mask_predict; do
-  echo "$b: BLEU $("$PYTHON" -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["bleu"], 2))' "$WORK/$b.json")"
+echo "BLEU of the printed hypotheses (baselines; samplers: chain 0's final state)"
+for b in warm_start mask_predict $ONLY; do
+  echo "$b: $("$PYTHON" -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["bleu"], 2))' "$WORK/$b.json")"
 done
+echo "Averages over the epochs after burn-in, all chains"
 files=(); for name in $ONLY; do files+=("$WORK/$name.jsonl"); done
 "$PYTHON" scripts/plot_mh.py "${files[@]}" --labels "$(echo $ONLY | tr ' ' ,)" --json "$WORK/mh_summary.json" \
   $("$PYTHON" -c 'import matplotlib' 2>/dev/null && echo --png "$WORK/mh")
