@@ -109,7 +109,7 @@ def test_generate_joint_sampler(toy_lm_bin, base_lm, trained_bit):
     save, _ = trained_bit
     out = run_cli(["fairseq-generate", toy_lm_bin, "--base-lm", base_lm, "--path", os.path.join(save, "checkpoint_best.pt"),
                    "--gen-subset", "valid", "--batch-size", "8", "--required-batch-size-multiple", "1",
-                   "--joint-samples", "8", "--joint-topk", "5", "--nbest", "2", "--beam", "2"] + TASK)
+                   "--joint-samples", "8", "--joint-topk", "5", "--nbest", "2"] + TASK)
     hyps = [line for line in out.stdout.splitlines() if line.startswith("H-")]
     pos = [line for line in out.stdout.splitlines() if line.startswith("P-")]
     sources = [line for line in out.stdout.splitlines() if line.startswith("S-")]
