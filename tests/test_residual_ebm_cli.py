@@ -217,3 +217,21 @@ def test_joint_sampler_follows_the_energy(toy_lm_bin, base_lm):
             assert all(int(h["tokens"][0]) in words.tolist() for h in hs)
         for h in hs:  # every output is one of that prefix's proposals
             assert (proposals[b, :, P:] == h["tokens"]).all(1).any()
+
+
+def test_base_lm_scoring_and_top1_sampling(toy_lm_bin, base_lm):
+    """lm_log_prob equals the log-probabilities of a plain full forward of the LM,
+    and top-1 sampling equals greedy decoding with that forward."""
+    from fairseq_ext.generators.joint_sampler import lm_log_prob, sample_continuations
+
+    task, _ = setup(toy_lm_bin, "--base-lm", base_lm)
+    lm, eos = task.base_lm, task.dictionary.eos()
+    x = task.load_blocks("valid")[:5]
+    inputs = torch.cat([torch.full((5, 1), eos), x[:, :-1]], 1)
+    full = lm.get_normalized_probs(lm(inputs), log_probs=True).gather(2, x[:, :, None]).squeeze(2)
+    assert torch.allclose(lm_log_prob(lm, x, P), full[:, P:], atol=1e-6)
+    hist = torch.cat([torch.full((5, 1), eos), x[:, :P]], 1)
+    for _ in range(L):
+        hist = torch.cat([hist, lm(hist)[0][:, -1].argmax(-1, keepdim=True)], 1)
+    top1 = sample_continuations(lm, x[:, :P], L, 2, topk=1)
+    assert torch.equal(top1[:, 0], hist[:, -L:]) and torch.equal(top1[:, 1], hist[:, -L:])

@@ -27,27 +27,28 @@ def sample_continuations(lm, prefixes: Tensor, length: int, n: int, topk: int = 
 
     lm: a fairseq decoder-only LM (``transformer_lm``); its input starts with <eos>
     as BOS, as in fairseq language modeling. prefixes: (B, P).
-    Returns (B, n, length) LongTensor. One full forward per step (no incremental
-    state: the prompt is encoded in parallel at every step).
+    Returns (B, n, length) LongTensor. One forward of the decoder body per step
+    (no incremental state: the prompt is re-encoded in parallel at every step);
+    the output projection only at the last position.
     """
     bsz = prefixes.size(0)
     history = _with_bos(lm, prefixes).repeat_interleave(n, dim=0)  # (B*n, 1+P)
     for _ in range(length):
-        logits = lm(history)[0][:, -1, :]
-        lprobs = lm.get_normalized_probs((logits,), log_probs=True).float()
+        features = lm.decoder.extract_features(history, None)[0][:, -1:]
+        lprobs = lm.get_normalized_probs((lm.decoder.output_layer(features),), log_probs=True)[:, 0].float()
         history = torch.cat([history, choose_tokens(lprobs, True, topk=topk, generator=generator)[:, None]], 1)
     return history[:, -length:].view(bsz, n, length)
 
 
 @torch.no_grad()
 def lm_log_prob(lm, sequences: Tensor, prefix_len: int) -> Tensor:
-    """log P_LM(x_{p+1..T} | x_{1..p}) of (N, T) sequences, teacher-forced:
-    returns (N, T - p) per-token log-probabilities (sum them for the sequence)."""
+    """log P_LM(x_{p+1..T} | x_{1..p}) of (N, T) sequences, teacher-forced (the
+    output projection only at the continuation's positions): returns (N, T - p)
+    per-token log-probabilities (sum them for the sequence)."""
     inputs = _with_bos(lm, sequences[:, :-1])
-    logits = lm(inputs)[0]
-    lprobs = lm.get_normalized_probs((logits,), log_probs=True).float()
-    per_token = lprobs.gather(2, sequences[:, :, None]).squeeze(2)
-    return per_token[:, prefix_len:]
+    features = lm.decoder.extract_features(inputs, None)[0][:, prefix_len:]  # the positions predicting x_{p+1..T}
+    lprobs = lm.get_normalized_probs((lm.decoder.output_layer(features),), log_probs=True).float()
+    return lprobs.gather(2, sequences[:, prefix_len:, None]).squeeze(2)
 
 
 def energies_in_batches(energy_fn: Callable[[Tensor], Tensor], sequences: Tensor, batch_size: int) -> Tensor:
