@@ -55,6 +55,7 @@ bench: install
 	$(PY) bench/bench_mgs.py
 	$(PY) bench/bench_dss.py
 	$(PY) bench/bench_soft_beam.py
+	$(PY) bench/bench_residual.py
 
 clean-venv:
 	rm -rf $(VENV)
