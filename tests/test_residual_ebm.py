@@ -103,10 +103,11 @@ def test_nce_loss_rejects_bad_input():
 def test_nce_training_reaches_theorem_1(toy, weighting, shift):
     """A free energy table trained with sampled NCE (m = 4 negatives from P_LM per
     positive from P_data) converges to E = log P_LM - log P_data (Theorem 1), and
-    with ``sum`` weighting to that plus log m. Tolerance 0.15 nats on every
-    sequence: at the end the learning rate is 0.003 and the batch 2048, so the SGD
-    noise of E is ~0.02; sequences have P_data, P_LM >= 0.02, so each is seen
-    tens of times a batch."""
+    with ``sum`` weighting to that plus log m. Tolerance 0.08 nats on every
+    sequence: in the last 200 steps Adam moves each E by at most ~0.003 a step, so
+    the stationary SGD noise is a few hundredths (measured: max deviation 0.017
+    for both weightings), while a wrong weighting is off by log 4 = 1.39; every
+    sequence has P_data, P_LM > 0.02, so it is seen ~40 times a batch of 2048."""
     lm, seqs, log_p, _, _ = toy
     g = torch.Generator().manual_seed(1)
     log_data = torch.log_softmax(torch.randn(len(SEQS), generator=g, dtype=torch.float64), 0)
@@ -124,7 +125,7 @@ def test_nce_training_reaches_theorem_1(toy, weighting, shift):
         loss.backward()
         opt.step()
     target = log_p - log_data + shift
-    assert (energy.detach() - target).abs().max().item() < 0.15
+    assert (energy.detach() - target).abs().max().item() < 0.08
     if weighting == "mean":  # at the optimum the joint model is self-normalised
         assert torch.logsumexp(log_p - energy.detach(), 0).item() == pytest.approx(0.0, abs=0.05)
 
