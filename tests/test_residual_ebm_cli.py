@@ -138,6 +138,17 @@ def test_missing_base_lm_fails_naming_the_option(toy_lm_bin, tmp_path):
         setup(toy_lm_bin, "--base-lm", str(tmp_path / "nope.pt"))
 
 
+def test_encoder_decoder_checkpoint_is_refused(toy_lm_bin, base_lm, tmp_path):
+    from fairseq_ext.compat import trusted_torch_load
+
+    with trusted_torch_load():
+        state = torch.load(base_lm)
+    state["model"]["encoder.embed_tokens.weight"] = state["model"]["decoder.embed_tokens.weight"]
+    torch.save(state, tmp_path / "seq2seq.pt")
+    with pytest.raises(ValueError, match="not a decoder-only transformer_lm"):
+        setup(toy_lm_bin, "--base-lm", str(tmp_path / "seq2seq.pt"))
+
+
 def test_mismatched_dictionary_fails(toy_lm_bin, base_lm, tmp_path):
     data = tmp_path / "data"
     shutil.copytree(toy_lm_bin, data)

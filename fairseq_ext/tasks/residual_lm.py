@@ -75,8 +75,8 @@ def load_base_lm(path: Optional[str], dictionary: Dictionary):
     state = checkpoint_utils.load_checkpoint_to_cpu(path)
     weights = state["model"]
     emb = weights.get("decoder.embed_tokens.weight")
-    if emb is None:
-        raise ValueError(f"--base-lm {path}: not a transformer_lm checkpoint (no decoder.embed_tokens.weight)")
+    if emb is None or any(k.startswith("encoder.") for k in weights):
+        raise ValueError(f"--base-lm {path}: not a decoder-only transformer_lm checkpoint")
     if emb.size(0) != len(dictionary):
         raise ValueError(
             f"--base-lm {path}: its vocabulary has {emb.size(0)} entries but the data dictionary has "
