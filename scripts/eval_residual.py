@@ -52,9 +52,9 @@ def evaluate(task, energy_model, split: str, n: int, batch_size: int, max_prefix
     tokens = num * task.cfg.continuation_len
     return {
         "split": split, "prefixes": num, "tokens": tokens, "num_samples": n,
-        "base_lm_ppl": perplexity(torch.tensor(sums["lm"]), tokens),
-        "joint_ppl_lower": perplexity(torch.tensor(sums["joint_lower_ppl"]), tokens),
-        "joint_ppl_upper": perplexity(torch.tensor(sums["joint_upper_ppl"]), tokens),
+        "base_lm_ppl": perplexity(sums["lm"], tokens),
+        "joint_ppl_lower": perplexity(sums["joint_lower_ppl"], tokens),
+        "joint_ppl_upper": perplexity(sums["joint_upper_ppl"], tokens),
         "mean_energy": sums["energy"] / num,
         "mean_log_z_lower": sums["log_z_lower"] / num, "mean_log_z_upper": sums["log_z_upper"] / num,
     }

@@ -15,6 +15,7 @@ from fairseq_ext.core.residual import (
     log_z_estimates,
     nce_accuracy,
     nce_loss,
+    perplexity,
     resample,
     resampling_weights,
 )
@@ -204,6 +205,7 @@ def test_log_z_estimates_from_sampled_lm_converge(toy):
 def test_joint_log_prob_is_normalised(toy):
     _, _, log_p, energy, log_z = toy
     assert torch.logsumexp(joint_log_prob(log_p, energy, log_z), 0).item() == pytest.approx(0.0, abs=1e-12)
+    assert perplexity(3 * math.log(0.25), 3) == pytest.approx(4.0)
 
 
 # ------------------------------------------------------ joint sampler (Algorithm 1)

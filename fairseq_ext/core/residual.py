@@ -111,6 +111,7 @@ def resample(energy: Tensor, num_outputs: int = 1, generator: Optional[torch.Gen
     return torch.multinomial(probs, num_outputs, replacement=True, generator=generator)
 
 
-def perplexity(log_prob_sum: Tensor, num_tokens: int) -> float:
-    """exp(-sum log p / M) over M tokens (natural log; equal to the paper's 2^(-log2 / M))."""
-    return math.exp(-float(log_prob_sum.sum()) / num_tokens)
+def perplexity(log_prob_sum: float, num_tokens: int) -> float:
+    """exp(-sum log p / M) from the summed natural-log probability of M tokens
+    (the same number as the paper's 2^(-sum log2 p / M))."""
+    return math.exp(-log_prob_sum / num_tokens)
