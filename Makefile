@@ -56,6 +56,7 @@ bench: install
 	$(PY) bench/bench_dss.py
 	$(PY) bench/bench_soft_beam.py
 	$(PY) bench/bench_mh.py
+	$(PY) bench/bench_residual.py
 
 clean-venv:
 	rm -rf $(VENV)

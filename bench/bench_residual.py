@@ -1,0 +1,91 @@
+"""Energies per second of a residual energy model (``residual_energy``, ``bit``)
+scoring the n base-LM samples of Algorithm 1 in batches (``--energy-batch-size``,
+as the joint sampler and eval_residual.py do) against one sequence at a time,
+both timed in the same run (interleaved, median), and their ratio.
+
+Run: ``.venv/bin/python bench/bench_residual.py`` (under a minute on one CPU core;
+``--quick`` for a smoke run, ``--json FILE`` to keep the rows).
+
+Model (eval mode, random weights): a bidirectional transformer encoder, 2 layers,
+dim 256, ffn 1024, 4 heads (``--quick``: 1 layer, dim 16) over a 1000-word
+vocabulary; N random sequences of p + L = 24 + 8 tokens (the task's CPU default).
+"""
+import argparse
+import json
+import logging
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # measure this checkout's fairseq_ext, installed or not
+for _name in ("fairseq", "fairseq_cli"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+import torch  # noqa: E402
+from fairseq.data import Dictionary  # noqa: E402
+
+from fairseq_ext.generators.joint_sampler import energies_in_batches  # noqa: E402
+from fairseq_ext.models.residual_energy import ResidualEnergyConfig, ResidualEnergyModel  # noqa: E402
+
+import timing  # noqa: E402  (bench/timing.py)
+
+
+class _Task:
+    def __init__(self, dictionary: Dictionary):
+        self.source_dictionary = dictionary
+
+
+def build_model(quick: bool, vocab: int = 1000) -> ResidualEnergyModel:
+    d = Dictionary()
+    for i in range(vocab):
+        d.add_symbol(f"w{i}")
+    cfg = ResidualEnergyConfig(energy_variant="bit", encoder_layers=1 if quick else 2,
+                               encoder_embed_dim=16 if quick else 256, encoder_ffn_embed_dim=32 if quick else 1024,
+                               encoder_attention_heads=2 if quick else 4, dropout=0.0)
+    return ResidualEnergyModel.build_model(cfg, _Task(d)).eval()
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--num-sequences", type=int, default=256, help="N sequences (e.g. 16 prefixes x n = 16)")
+    p.add_argument("--energy-batch-size", type=int, default=64)
+    p.add_argument("--length", type=int, default=32)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="tiny model, 32 sequences, 1 repeat (smoke test)")
+    p.add_argument("--json", help="write the rows to this file")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.num_sequences, a.repeats = 32, 1
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = build_model(a.quick)
+    seqs = torch.randint(4, len(model.body.dictionary), (a.num_sequences, a.length))
+    device = torch.device("cpu")
+
+    @torch.no_grad()
+    def batched():
+        return energies_in_batches(model, seqs, a.energy_batch_size)
+
+    @torch.no_grad()
+    def one_at_a_time():
+        return energies_in_batches(model, seqs, 1)
+
+    ms, last = timing.interleaved({"batched": batched, "one at a time": one_at_a_time}, a.warmup, a.repeats, device)
+    # the same energies either way (padding-free sequences, eval mode)
+    assert torch.allclose(last["batched"], last["one at a time"], atol=1e-4)
+    rows = [{"row": name, "ms": ms[name], "energies_per_s": a.num_sequences / (ms[name] / 1000),
+             "ratio_to_one_at_a_time": ms["one at a time"] / ms[name]} for name in ("batched", "one at a time")]
+    print(f"residual_energy bit, {a.num_sequences} sequences of {a.length} tokens, energy batch "
+          f"{a.energy_batch_size}, {a.threads} thread(s), median of {a.repeats}")
+    print(timing.table(["row", "ms", "energies/s", "speed-up"],
+                       [[r["row"], f"{r['ms']:.1f}", f"{r['energies_per_s']:.0f}", f"{r['ratio_to_one_at_a_time']:.2f}"]
+                        for r in rows]))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

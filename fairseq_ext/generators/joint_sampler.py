@@ -1,0 +1,94 @@
+"""Fixed-length sampling and scoring with a fairseq decoder-only base LM, and the
+joint sampler of the residual EBM (Deng et al., 2020, Algorithm 1).
+
+Continuations have exactly L tokens: <eos> is an ordinary token of the stream
+(lines are joined), so sampling does not stop at it, and ``lm_log_prob`` scores
+the same untruncated distribution the samples come from (top-k filters only the
+proposal, not the score).
+"""
+from typing import Callable, Dict, List, Optional
+
+import torch
+from torch import Tensor
+
+from fairseq_ext.core.residual import resample
+from fairseq_ext.core.sampling import choose_tokens
+
+
+def _with_bos(lm, tokens: Tensor) -> Tensor:
+    eos = lm.decoder.dictionary.eos()
+    return torch.cat([tokens.new_full((tokens.size(0), 1), eos), tokens], dim=1)
+
+
+@torch.no_grad()
+def sample_continuations(lm, prefixes: Tensor, length: int, n: int, topk: int = 0,
+                         generator: Optional[torch.Generator] = None) -> Tensor:
+    """n ancestral samples of ``length`` tokens after every prefix (top-k when k > 0).
+
+    lm: a fairseq decoder-only LM (``transformer_lm``); its input starts with <eos>
+    as BOS, as in fairseq language modeling. prefixes: (B, P).
+    Returns (B, n, length) LongTensor. One forward of the decoder body per step
+    (no incremental state: the prompt is re-encoded in parallel at every step);
+    the output projection only at the last position.
+    """
+    bsz = prefixes.size(0)
+    history = _with_bos(lm, prefixes).repeat_interleave(n, dim=0)  # (B*n, 1+P)
+    for _ in range(length):
+        features = lm.decoder.extract_features(history, None)[0][:, -1:]
+        lprobs = lm.get_normalized_probs((lm.decoder.output_layer(features),), log_probs=True)[:, 0].float()
+        history = torch.cat([history, choose_tokens(lprobs, True, topk=topk, generator=generator)[:, None]], 1)
+    return history[:, -length:].view(bsz, n, length)
+
+
+@torch.no_grad()
+def lm_log_prob(lm, sequences: Tensor, prefix_len: int) -> Tensor:
+    """log P_LM(x_{p+1..T} | x_{1..p}) of (N, T) sequences, teacher-forced (the
+    output projection only at the continuation's positions): returns (N, T - p)
+    per-token log-probabilities (sum them for the sequence)."""
+    inputs = _with_bos(lm, sequences[:, :-1])
+    features = lm.decoder.extract_features(inputs, None)[0][:, prefix_len:]  # the positions predicting x_{p+1..T}
+    lprobs = lm.get_normalized_probs((lm.decoder.output_layer(features),), log_probs=True).float()
+    return lprobs.gather(2, sequences[:, prefix_len:, None]).squeeze(2)
+
+
+def energies_in_batches(energy_fn: Callable[[Tensor], Tensor], sequences: Tensor, batch_size: int) -> Tensor:
+    """E of (N, T) sequences, ``batch_size`` rows per call; returns (N,)."""
+    return torch.cat([energy_fn(chunk) for chunk in sequences.split(batch_size)])
+
+
+class JointSampler:
+    """Algorithm 1: per prefix, n continuations from the base LM (top-k when k > 0),
+    their energies in batches, then ``num_outputs`` picks in proportion to exp(-E)
+    (independently, with replacement, from the same n samples).
+
+    ``generate(models, sample)`` returns, per prefix, ``num_outputs`` hypotheses
+    in fairseq-generate's format: ``tokens`` the continuation (L,), ``score`` -E,
+    ``positional_scores`` the base LM's token log-probabilities, ``energy``.
+    """
+
+    def __init__(self, base_lm, length: int, n: int, topk: int = 0, num_outputs: int = 1,
+                 energy_batch_size: int = 64, generator: Optional[torch.Generator] = None):
+        if n < 1 or num_outputs < 1:
+            raise ValueError(f"joint sampler needs n >= 1 and num_outputs >= 1, got {n}, {num_outputs}")
+        self.base_lm, self.length, self.n, self.topk = base_lm, length, n, topk
+        self.num_outputs, self.energy_batch_size, self.generator = num_outputs, energy_batch_size, generator
+        self.eos = base_lm.decoder.dictionary.eos()  # fairseq-generate strips it from the printed text
+
+    @torch.no_grad()
+    def generate(self, models, sample: Dict, **kwargs) -> List[List[Dict]]:
+        if len(models) != 1:
+            raise ValueError("the joint sampler takes one energy model (no ensembles)")
+        energy_model = models[0]
+        prefixes = sample["net_input"]["src_tokens"]
+        lm = self.base_lm.to(prefixes.device)
+        bsz, p = prefixes.shape
+        conts = sample_continuations(lm, prefixes, self.length, self.n, self.topk, self.generator)
+        seqs = torch.cat([prefixes[:, None, :].expand(-1, self.n, -1), conts], dim=2).view(bsz * self.n, -1)
+        energy = energies_in_batches(energy_model, seqs, self.energy_batch_size).view(bsz, self.n)
+        picks = resample(energy, self.num_outputs, generator=self.generator)
+        lp = lm_log_prob(lm, seqs, p).view(bsz, self.n, self.length)
+        out = []
+        for b in range(bsz):
+            out.append([{"tokens": conts[b, i], "score": -energy[b, i], "energy": energy[b, i],
+                         "positional_scores": lp[b, i], "alignment": None} for i in picks[b].tolist()])
+        return out
