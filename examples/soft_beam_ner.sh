@@ -97,9 +97,10 @@ logz() {  # dir: log Z statistics of a checkpoint on train and dev (Table 5.1)
 for seed in $SEEDS; do
   for name in $ONLY; do
     dir="$WORK/$name.s$seed"
-    IFS='|' read -r init norm alpha opts <<< "${RUNS[$name]}"
+    # (one line for read: options continued on a second line would be dropped)
+    IFS='|' read -r init norm alpha opts <<< "${RUNS[$name]//$'\n'/ }"
     if [ -e "$dir/done" ]; then echo "done already: $name seed $seed"; continue; fi
-    if [ ! -s "$dir/checkpoint_best.pt" ]; then
+    if [ ! -e "$dir/trained" ]; then  # (a killed run leaves a checkpoint_best.pt: start it again)
       rm -rf "$dir"; mkdir -p "$dir"
       start=$(date +%s)
       if [ "$name" = ce ] && [ -n "$CE_CKPT" ]; then
@@ -117,6 +118,7 @@ for seed in $SEEDS; do
           --reset-meters --save-dir "$dir" --seed "$seed" > "$dir.train.log" 2>&1
       fi
       rm -f "$dir/checkpoint_last.pt"
+      touch "$dir/trained"
       echo "trained: $name seed $seed in $(( $(date +%s) - start )) s"
     fi
     throttle "$DECODE_JOBS"
