@@ -62,7 +62,7 @@ declare -A RUNS=(
   [sn_local]="sn|local|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --normalization local"
   [sn_global]="sn|global|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --normalization global"
 )
-ORDER="ce sn dl_annealed dl_fixed hinge_annealed hinge_fixed ce_global sn_global sn_local"
+ORDER="ce dl_annealed dl_fixed hinge_annealed hinge_fixed ce_global sn sn_global sn_local"
 ONLY=${ONLY:-$ORDER}
 
 # binarize once
