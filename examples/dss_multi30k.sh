@@ -20,6 +20,7 @@
 #      DECAY_K (50), SEEDS ("1"), JOBS (2), VOCAB (4000), ONLY (run names)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. examples/lib.sh
 WORK=${1:?usage: $0 WORK_DIR}
 : "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
 WARM_UPDATES=${WARM_UPDATES:-600}
@@ -84,7 +85,7 @@ run() {  # name seed
 
 for seed in $SEEDS; do
   for name in $ONLY; do
-    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+    throttle "$JOBS"
     run "$name" "$seed" &
   done
 done

@@ -12,6 +12,7 @@
 #      parallel, one thread each), ONLY (space-separated run names; default all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. examples/lib.sh
 WORK=${1:?usage: $0 WORK_DIR}
 : "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
 SEEDS=${SEEDS:-1 2}
@@ -67,7 +68,7 @@ run() {  # name seed
 for seed in $SEEDS; do
   for name in $ONLY; do
     mkdir -p "$WORK/$name.s$seed"
-    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+    throttle "$JOBS"
     run "$name" "$seed" &
   done
 done

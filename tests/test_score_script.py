@@ -99,3 +99,22 @@ def test_mismatched_line_counts(tmp_path):
     proc = run("--hyp", str(hyp), "--ref", str(ref))
     assert proc.returncode != 0
     assert f"{hyp} has 2 lines but {ref} has 1" in proc.stderr
+
+
+def test_dss_table_columns_per_suffix(tmp_path):
+    """examples/dss_table.py: one dev / test column pair per --suffix, mean [min, max] over seeds; a seed
+    counts only with every suffix scored."""
+    table = Path(__file__).resolve().parents[1] / "examples" / "dss_table.py"
+    for seed, f1 in ((1, 80.0), (2, 82.0)):
+        d = tmp_path / f"run.s{seed}"
+        d.mkdir()
+        for split in ("valid", "test"):
+            for mode, bonus in ((".greedy", 0.0), (".soft", 1.0)):
+                (d / f"{split}{mode}.json").write_text(json.dumps({"scheme": "chunk", "f1": f1 + bonus}))
+    (tmp_path / "run.s3").mkdir()
+    (tmp_path / "run.s3" / "valid.greedy.json").write_text(json.dumps({"scheme": "chunk", "f1": 0.0}))
+    out = subprocess.run([sys.executable, str(table), str(tmp_path), "run", "--suffix", ".greedy", "--suffix", ".soft",
+                          "--markdown"], check=True, capture_output=True, text=True).stdout.splitlines()
+    assert out[0] == "| run | greedy dev | greedy test | soft dev | soft test | seeds |"
+    assert out[2] == ("| run | 81.00 [80.00, 82.00] | 81.00 [80.00, 82.00] | 82.00 [81.00, 83.00] "
+                      "| 82.00 [81.00, 83.00] | 2 |")

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Continuous relaxation of beam search on CoNLL-2003 NER (Goyal thesis Table 4.2
+# layout, and the normalisation / initialisation comparison of Tables 5.1-5.3),
+# CPU scale.
+#
+# Pre-training (PRE_EPOCHS epochs, lr 0.005): `ce` (cross-entropy; or the
+# checkpoint CE_CKPT, %s = seed) and `sn` (self_normalized_ce, lambda 0.1).
+# Fine-tuning from one of them (FT_EPOCHS epochs, lr 0.001, fresh optimizer,
+# update counter and epoch count; --hamming-weights O=2.0; k = 3):
+#   hinge_annealed, hinge_fixed, dl_fixed, dl_annealed   from ce, local scores
+#   ce_global                                            from ce, global scores
+#   sn_local, sn_global                                  from sn
+# "annealed": alpha 1 -> ALPHA_FINAL geometrically over ALPHA_UPDATES updates,
+# then held; "fixed": alpha 1. Every run keeps the checkpoint with the best
+# greedy dev F1 (--eval-tagging). Each model is decoded on dev and test greedy
+# (--beam 1), with the hard beam (k = 3) and the soft beam (k = 3, alpha = the
+# run's final training alpha; 1 for the pre-trained models), scoring under the
+# run's normalisation (global for *_global); F1 with conlleval semantics.
+# Also: log Z mean / variance of ce and sn on train and dev (Table 5.1).
+#
+# One training job at a time; the decodes of a model run in the background
+# beside the next training (DECODE_JOBS of them at most).
+#
+# usage: examples/soft_beam_ner.sh WORK_DIR
+# env: FAIRSEQ_EXT_DATA (required), SEEDS ("1"), PRE_EPOCHS (10), FT_EPOCHS (3),
+#      ALPHA_FINAL (100), ALPHA_UPDATES (444, two epochs at --max-tokens 1000),
+#      CE_CKPT (e.g. /tmp/ner/work/ce.s%s/checkpoint_best.pt; default: train ce),
+#      DECODE_JOBS (1), ONLY (space-separated run names; default all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. examples/lib.sh
+WORK=${1:?usage: $0 WORK_DIR}
+: "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
+SEEDS=${SEEDS:-1}
+PRE_EPOCHS=${PRE_EPOCHS:-10}
+FT_EPOCHS=${FT_EPOCHS:-3}
+ALPHA_FINAL=${ALPHA_FINAL:-100}
+ALPHA_UPDATES=${ALPHA_UPDATES:-444}
+CE_CKPT=${CE_CKPT:-}
+DECODE_JOBS=${DECODE_JOBS:-1}
+PYTHON=${PYTHON:-python}
+export OMP_NUM_THREADS=1
+D=$FAIRSEQ_EXT_DATA/conll2003
+mkdir -p "$WORK"
+TASK=(--user-dir fairseq_ext --task sequence_tagging --tag-column ner --cache-dir "$WORK/cache")
+COMMON=(--arch tagging_lstm_ner --optimizer adam --max-tokens 1000 --no-epoch-checkpoints --no-save-optimizer-state
+  --num-workers 0 --eval-tagging --best-checkpoint-metric f1 --maximize-best-checkpoint-metric --log-format simple)
+SB="--soft-beam-size 3 --hamming-weights O=2.0"
+FIXED="--soft-beam-alpha 1 --soft-beam-alpha-schedule fixed"
+ANNEALED="--soft-beam-alpha 1 --soft-beam-alpha-schedule exponential --soft-beam-alpha-final $ALPHA_FINAL
+  --soft-beam-alpha-updates $ALPHA_UPDATES"
+
+# name -> "init|normalisation|soft-decoding alpha|criterion options"; init "-" = pre-training
+declare -A RUNS=(
+  [ce]="-|local|1|--criterion cross_entropy"
+  [sn]="-|local|1|--criterion self_normalized_ce --self-norm-lambda 0.1"
+  [hinge_annealed]="ce|local|$ALPHA_FINAL|--criterion soft_beam_hinge $SB $ANNEALED --normalization local"
+  [hinge_fixed]="ce|local|1|--criterion soft_beam_hinge $SB $FIXED --normalization local"
+  [dl_fixed]="ce|local|1|--criterion soft_beam_direct_loss $SB $FIXED --normalization local"
+  [dl_annealed]="ce|local|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --normalization local"
+  [ce_global]="ce|global|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --normalization global"
+  [sn_local]="sn|local|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --normalization local"
+  [sn_global]="sn|global|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --normalization global"
+)
+ORDER="ce dl_annealed dl_fixed hinge_annealed hinge_fixed ce_global sn sn_global sn_local"
+ONLY=${ONLY:-$ORDER}
+
+# binarize once
+[ -d "$WORK/cache" ] || fairseq-train "$D" "${TASK[@]}" --arch tagging_lstm_ner --criterion cross_entropy \
+  --optimizer adam --max-tokens 1000 --max-update 1 --no-save --disable-validation --num-workers 0 \
+  > "$WORK/prepare.log" 2>&1
+
+decode() {  # dir normalisation alpha
+  local dir=$1 norm=$2 alpha=$3 split
+  for split in valid test; do
+    # greedy: fairseq's search (argmax is the same under local and global scores)
+    fairseq-generate "$D" "${TASK[@]}" --path "$dir/checkpoint_best.pt" --gen-subset $split --beam 1 \
+      --batch-size 256 > "$dir/$split.greedy.gen" 2> "$dir/$split.greedy.gen.log"
+    fairseq-generate "$D" "${TASK[@]}" --path "$dir/checkpoint_best.pt" --gen-subset $split --beam 3 \
+      --tagging-search hard --search-normalization "$norm" --batch-size 256 \
+      > "$dir/$split.hard.gen" 2> "$dir/$split.hard.gen.log"
+    fairseq-generate "$D" "${TASK[@]}" --path "$dir/checkpoint_best.pt" --gen-subset $split --beam 3 \
+      --tagging-search soft --search-alpha "$alpha" --search-normalization "$norm" --batch-size 256 \
+      > "$dir/$split.soft.gen" 2> "$dir/$split.soft.gen.log"
+    for mode in greedy hard soft; do
+      "$PYTHON" scripts/score_tagging.py "$dir/$split.$mode.gen" --json "$dir/$split.$mode.json" > /dev/null
+    done
+  done
+  touch "$dir/done"
+}
+
+logz() {  # dir: log Z statistics of a checkpoint on train and dev (Table 5.1)
+  "$PYTHON" scripts/log_z.py "$D" "${TASK[@]}" --path "$1/checkpoint_best.pt" \
+    --valid-subset train,valid --max-tokens 4000 --num-workers 0 > "$1/logz.log" 2>&1
+}
+
+for seed in $SEEDS; do
+  for name in $ONLY; do
+    dir="$WORK/$name.s$seed"
+    # (one line for read: options continued on a second line would be dropped)
+    IFS='|' read -r init norm alpha opts <<< "${RUNS[$name]//$'\n'/ }"
+    if [ -e "$dir/done" ]; then echo "done already: $name seed $seed"; continue; fi
+    if [ ! -e "$dir/trained" ]; then  # (a killed run leaves a checkpoint_best.pt: start it again)
+      rm -rf "$dir"; mkdir -p "$dir"
+      start=$(date +%s)
+      if [ "$name" = ce ] && [ -n "$CE_CKPT" ]; then
+        # shellcheck disable=SC2059
+        cp "$(printf "$CE_CKPT" "$seed")" "$dir/checkpoint_best.pt"
+      elif [ "$init" = - ]; then
+        # shellcheck disable=SC2086
+        fairseq-train "$D" "${TASK[@]}" "${COMMON[@]}" $opts --lr 0.005 --max-epoch "$PRE_EPOCHS" \
+          --save-dir "$dir" --seed "$seed" > "$dir.train.log" 2>&1
+      else
+        # fine-tune: fresh optimizer, meters, update counter (the alpha schedule) and epoch count
+        # shellcheck disable=SC2086
+        fairseq-train "$D" "${TASK[@]}" "${COMMON[@]}" $opts --lr 0.001 --max-epoch "$FT_EPOCHS" \
+          --restore-file "$WORK/$init.s$seed/checkpoint_best.pt" --reset-optimizer --reset-dataloader \
+          --reset-meters --save-dir "$dir" --seed "$seed" > "$dir.train.log" 2>&1
+      fi
+      rm -f "$dir/checkpoint_last.pt"
+      touch "$dir/trained"
+      echo "trained: $name seed $seed in $(( $(date +%s) - start )) s"
+    fi
+    throttle "$DECODE_JOBS"
+    { [ "$init" != - ] || logz "$dir"; decode "$dir" "$norm" "$alpha"; echo "decoded: $name seed $seed"; } &
+  done
+done
+wait
+
+F1=(--suffix .greedy --suffix .hard --suffix .soft)
+echo "Table 4.2 layout: F1 (micro, conlleval), mean [min, max] over seeds"
+"$PYTHON" examples/dss_table.py "$WORK" "${F1[@]}" ce hinge_annealed hinge_fixed dl_fixed dl_annealed
+echo "Chapter 5: initialisation (ce, sn) x normalisation of the direct-loss fine-tuning, F1"
+"$PYTHON" examples/dss_table.py "$WORK" "${F1[@]}" ce dl_annealed ce_global sn sn_local sn_global
+echo "Macro F1 (the thesis's Table 4.2 metric)"
+"$PYTHON" examples/dss_table.py "$WORK" "${F1[@]}" --metric f1_macro $ORDER
+echo "Table 5.1 layout: log Z on train / dev"
+for f in "$WORK"/{ce,sn}.s*/logz.log; do
+  [ -e "$f" ] && grep -o "valid on '[a-z]*' subset.*log_z_var [0-9.e+-]*" "$f" | sed "s|^|$(basename "$(dirname "$f")"): |"
+done
+true
