@@ -29,6 +29,7 @@ JOBS=${JOBS:-2}
 VOCAB=${VOCAB:-4000}
 PYTHON=${PYTHON:-python}
 export OMP_NUM_THREADS=1
+. examples/lib.sh
 mkdir -p "$WORK"
 
 [ -d "$WORK/data/bin" ] || bash scripts/prepare_multi30k.sh "$FAIRSEQ_EXT_DATA/multi30k" "$WORK/data" "$VOCAB" \
@@ -108,7 +109,7 @@ run() {  # name
   echo "done: $name"
 }
 for name in $ONLY; do
-  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+  throttle "$JOBS"
   run "$name" &
 done
 wait
