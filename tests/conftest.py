@@ -1,5 +1,6 @@
 """Session-scoped fixtures: the toy data set binarized once, tiny fairseq models,
 and the real corpora directory ($FAIRSEQ_EXT_DATA)."""
+import json
 import os
 import subprocess
 import sys
@@ -68,6 +69,16 @@ def run_cli(args, cwd=None, env=None, timeout=600):
     if proc.returncode != 0:
         raise AssertionError(f"command failed ({proc.returncode}): {' '.join(args)}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+def run_bench(script, tmp_path, *args, timeout=300):
+    """Run ``bench/<script> --quick ARGS --json FILE``; fail with its output; return the
+    parsed rows. Benchmarks print timings; the smoke tests never assert them."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", script), "--quick", *args, "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="session")

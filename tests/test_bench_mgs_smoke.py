@@ -1,11 +1,6 @@
 """bench/bench_mgs.py --quick runs end to end and writes its speed and memory rows.
 Timings and memory figures are never asserted."""
-import json
-import os
-import subprocess
-import sys
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import run_bench
 
 SPEED_KEYS = {"batch_size", "candidates", "mgs_ms", "baseline_ms", "ratio", "target_ratio", "baseline_mle_step_ms",
               "baseline_decode_ms", "breakdown_ms", "max_len", "mean_len"}
@@ -16,13 +11,7 @@ SUMMARY_KEYS = {"k_low", "k_high", "peak_diff_mib", "peak_diff_param_copies", "p
 
 
 def test_bench_mgs_quick(tmp_path):
-    out = tmp_path / "mgs.json"
-    proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "bench", "bench_mgs.py"), "--quick", "--device", "cpu", "--json", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    result = json.loads(out.read_text())
+    result = run_bench("bench_mgs.py", tmp_path, "--device", "cpu", timeout=120)
     speed, memory = result["speed"], result["memory"]
     assert speed and all(SPEED_KEYS <= set(r) and BREAKDOWN_KEYS <= set(r["breakdown_ms"]) for r in speed)
     assert all(r["candidates"] == 4 for r in speed)
