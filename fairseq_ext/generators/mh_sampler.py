@@ -55,6 +55,19 @@ def forbidden_symbols(tgt_dict, device=None) -> Tensor:
     return out
 
 
+def check_options(cfg: mcmc.MHConfig, chains: int, init: str) -> mcmc.MHConfig:
+    """Raise ValueError naming the first bad ``--mh-*`` option; returns ``cfg``."""
+    try:
+        cfg.check(prefix="--mh-")
+    except ValueError as e:
+        raise ValueError(f"translation_mh: {e}") from None
+    if chains < 1:
+        raise ValueError(f"translation_mh: --mh-chains must be >= 1, got {chains}")
+    if init not in INITS:
+        raise ValueError(f"translation_mh: --mh-init must be one of {INITS}, got {init!r}")
+    return cfg
+
+
 class MHSampler:
     """``generate(models, sample)`` for fairseq-generate: ``chains`` Markov chains per
     sentence, all sentences and chains of a batch advanced together."""
@@ -64,11 +77,7 @@ class MHSampler:
         if len(models) != 1:
             raise ValueError("translation_mh: ensembles are not supported; give one checkpoint in --path")
         check_cmlm(models[0])
-        if chains < 1:
-            raise ValueError(f"translation_mh: --mh-chains must be >= 1, got {chains}")
-        if init not in INITS:
-            raise ValueError(f"translation_mh: --mh-init must be one of {INITS}, got {init!r}")
-        self.cfg = cfg.check()
+        self.cfg = check_options(cfg, chains, init)
         self.tgt_dict = tgt_dict
         self.chains = chains
         self.init = init

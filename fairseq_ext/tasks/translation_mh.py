@@ -16,7 +16,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation_lev import TranslationLevenshteinConfig, TranslationLevenshteinTask
 
 from fairseq_ext.core import mcmc
-from fairseq_ext.generators.mh_sampler import INITS, MHSampler
+from fairseq_ext.generators.mh_sampler import INITS, MHSampler, check_options
 from fairseq_ext.tasks.batching import KeepLastBatch
 
 
@@ -67,12 +67,7 @@ class TranslationMHTask(KeepLastBatch, TranslationLevenshteinTask):
 
     def __init__(self, cfg: TranslationMHConfig, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
-        try:  # bad options fail before any data is read
-            self.mh_config().check(prefix="--mh-")
-        except ValueError as e:
-            raise ValueError(f"translation_mh: {e}") from None
-        if cfg.mh_chains < 1:
-            raise ValueError(f"translation_mh: --mh-chains must be >= 1, got {cfg.mh_chains}")
+        check_options(self.mh_config(), cfg.mh_chains, str(cfg.mh_init))  # before any data is read
 
     def mh_config(self) -> mcmc.MHConfig:
         c = self.cfg
