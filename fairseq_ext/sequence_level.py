@@ -14,9 +14,10 @@ from fairseq import utils
 from torch import Tensor
 
 from fairseq_ext.core.task_losses import task_loss_names
+from fairseq_ext.data_parallel import unwrap
 from fairseq_ext.generators.candidates import Candidates, DecodeConfig, decode_candidates, sequence_log_probs
 from fairseq_ext.losses import LMScorerCost, SequenceCost
-from fairseq_ext.tasks.text_completion import prefix_sample
+from fairseq_ext.tasks.text_completion import TextCompletionTask, prefix_sample
 
 
 def parse_cost_spec(spec: str, option: str = "--mgs-task-loss") -> Dict[str, float]:
@@ -40,11 +41,12 @@ def parse_cost_spec(spec: str, option: str = "--mgs-task-loss") -> Dict[str, flo
     return out
 
 
-def unwrap(model):
-    """The fairseq model inside a data-parallel wrapper (parameters are shared)."""
-    while hasattr(model, "module") and isinstance(getattr(model, "module"), torch.nn.Module):
-        model = model.module
-    return model
+def check_candidate_model(task, model, criterion: str) -> None:
+    """Candidates are decoded from a source (encoder-decoder model) or continue a
+    prompt (``--task text_completion``); refuse a decoder-only model elsewhere."""
+    if getattr(model, "encoder", None) is None and not isinstance(task, TextCompletionTask):
+        raise ValueError(f"--criterion {criterion}: {type(model).__name__} has no encoder; a decoder-only model "
+                         f"continues prompts, which --task text_completion provides (got {type(task).__name__})")
 
 
 class BatchScorer:

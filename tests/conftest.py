@@ -91,3 +91,37 @@ def conll(tmp_path_factory):
 def cache(tmp_path_factory):
     """A cache directory for sequence_tagging's binarized splits."""
     return str(tmp_path_factory.mktemp("tagging_cache"))
+
+
+def hypotheses_by_id(stdout):
+    """{sentence id: [its H- lines' text after the id]} of a fairseq-generate output."""
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("H-"):
+            sid, rest = line[2:].split("\t", 1)
+            out.setdefault(int(sid), []).append(rest)
+    return out
+
+
+def assert_shards_make_one_run(cmd, shards=2, timeout=600):
+    """Run ``cmd`` (a fairseq-generate command) once whole and once per shard
+    (``--num-shards N --shard-id i``, all at the same time); the shards must print
+    disjoint, non-empty sets of sentences whose hypotheses together are the whole
+    run's, line for line. Returns the whole run's hypotheses by id."""
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    cmds = [cmd] + [cmd + ["--num-shards", str(shards), "--shard-id", str(i)] for i in range(shards)]
+    procs = [subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c in cmds]
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    for c, p, (out, err) in zip(cmds, procs, outs):
+        assert p.returncode == 0, f"{' '.join(c)}\n{out[-2000:]}\n{err[-4000:]}"
+    whole, parts = hypotheses_by_id(outs[0][0]), [hypotheses_by_id(o) for o, _ in outs[1:]]
+    assert all(parts), "a shard printed no sentence"
+    merged = {}
+    for part in parts:
+        assert not merged.keys() & part.keys(), "shards overlap"
+        merged.update(part)
+    assert merged == whole
+    return whole

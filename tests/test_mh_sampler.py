@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from conftest import REPO, run_cli
+from conftest import REPO, assert_shards_make_one_run, run_cli
 from fairseq_ext import toy
 from fairseq_ext.core import mcmc
 from fairseq_ext.generators.mh_sampler import MHSampler, check_cmlm, cmlm_logits_fn, forbidden_symbols
@@ -107,6 +107,17 @@ def test_gibbs_accepts_everything_and_mh_runs_are_reproducible(toy_bin, cmlm, tm
     args = ("--mh-burn-in", "1", "--mh-epochs", "1", "--mh-block-size", "2", "--mh-anneal-block", "--mh-top-p", "0.9")
     a, b = generate(toy_bin, cmlm, *args), generate(toy_bin, cmlm, *args)
     assert lines(a, "H") == lines(b, "H") and len(lines(a, "H")) == 40
+
+
+def test_shards_together_equal_one_run(toy_bin, cmlm):
+    """--num-shards 2 --shard-id i: random initial states and MH draws are seeded per
+    batch from its sentence ids, so the two shards print exactly the whole run's chains."""
+    whole = assert_shards_make_one_run(
+        ["fairseq-generate", toy_bin, "--user-dir", USER_DIR, "--task", "translation_mh", "--path", cmlm,
+         "--gen-subset", "valid", "--batch-size", "6", "--seed", "3", "--mh-init", "random", "--mh-chains", "2",
+         "--mh-burn-in", "1", "--mh-epochs", "1", "--mh-proposal-temperature", "2", "--nbest", "2"])
+    assert len(whole) == 40 and all(len(h) == 2 for h in whole.values())
+    assert any(h[0] != h[1] for h in whole.values()), "the chains should differ (random draws)"
 
 
 def test_bad_options_fail_before_any_work(toy_bin, cmlm):

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import assert_shards_make_one_run, run_cli
 
 P, L = 8, 4
 TASK = ["--user-dir", "fairseq_ext", "--task", "residual_lm", "--prefix-len", str(P), "--continuation-len", str(L)]
@@ -115,6 +115,16 @@ def test_generate_joint_sampler(toy_lm_bin, base_lm, trained_bit):
     sources = [line for line in out.stdout.splitlines() if line.startswith("S-")]
     assert sources and len(hyps) == 2 * len(sources)
     assert all(len(line.split("\t")[1].split()) == L for line in pos)
+
+
+def test_joint_sampler_shards_together_equal_one_run(toy_lm_bin, base_lm, trained_bit):
+    """--num-shards 2: base-LM samples and resampling draws are seeded per batch from
+    its prefix ids, so the shards print exactly the whole run's joint samples."""
+    save, _ = trained_bit
+    whole = assert_shards_make_one_run(
+        ["fairseq-generate", toy_lm_bin, "--base-lm", base_lm, "--path", os.path.join(save, "checkpoint_best.pt"),
+         "--gen-subset", "valid", "--batch-size", "5", "--joint-samples", "6", "--nbest", "2"] + TASK)
+    assert len(whole) > 5 and all(len(h) == 2 for h in whole.values())
 
 
 # ----------------------------------------------------------- in process: bad input, pieces

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from conftest import REPO, run_cli
+from conftest import REPO, assert_shards_make_one_run, run_cli
 from fairseq_ext import toy
 from fairseq_ext.core.soft_beam import (
     continuous_topk_argmax,
@@ -318,6 +318,10 @@ def test_fairseq_generate_with_hard_and_soft_beam_search(conll, cache, tmp_path)
                        "--gen-subset", "test", "--beam", "3", "--batch-size", "8", *extra]).stdout
         hyps[name] = {l.split("\t")[0]: l.split("\t")[2] for l in out.splitlines() if l.startswith("H-")}
     assert len(hyps["fairseq"]) == 31
+    sharded = assert_shards_make_one_run(
+        ["fairseq-generate", conll, *task_args, "--path", str(tmp_path / "ck" / "checkpoint_last.pt"),
+         "--gen-subset", "test", "--beam", "3", "--batch-size", "8", "--tagging-search", "soft", "--search-alpha", "1"])
+    assert {f"H-{i}": h[0].split("\t")[1] for i, h in sharded.items()} == hyps["soft_a1"]
     assert hyps["hard"] == hyps["fairseq"] and hyps["soft"] == hyps["fairseq"]
     for name in ("soft_a1", "global"):
         assert hyps[name].keys() == hyps["fairseq"].keys()

@@ -31,11 +31,12 @@ from typing import Iterator, List, Optional, Sequence
 import torch
 from torch import Tensor
 
+from fairseq_ext.core.sampling import mix_seed
+
 PROPOSALS = ("mixture", "zero", "mle")
 IMPORTANCE = ("unit", "exact", "none")
 NOISE_SCALES = ("per_tensor", "global", "absolute")
 _LOG_2PI = math.log(2 * math.pi)
-_MASK63 = (1 << 63) - 1
 
 
 @dataclass
@@ -82,16 +83,6 @@ class ProposalConfig:
     def pi(self) -> float:
         """Effective weight of the zero-mean component in q."""
         return {"mixture": self.mixture, "zero": 1.0, "mle": 0.0}[self.proposal]
-
-
-def mix_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (splitmix64-style mixing; deterministic across runs)."""
-    h = 0x9E3779B97F4A7C15
-    for p in parts:
-        h ^= (int(p) + 0x9E3779B97F4A7C15 + ((h << 6) & _MASK63) + (h >> 2)) & _MASK63
-        h = (h * 0xBF58476D1CE4E5B9) & _MASK63
-        h ^= h >> 31
-    return h & _MASK63
 
 
 def noise_scales(grads: Sequence[Tensor], noise: float, mode: str) -> List[float]:

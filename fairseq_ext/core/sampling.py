@@ -1,9 +1,32 @@
 """Token-level choice rules for candidate decoding: greedy, top-k and nucleus (top-p)
-sampling with temperature. Pure PyTorch, shapes in the docstrings."""
+sampling with temperature; seeds mixed from integers and per-batch random
+generators. Pure PyTorch, shapes in the docstrings."""
 from typing import Optional
 
 import torch
 from torch import Tensor
+
+_MASK63 = (1 << 63) - 1
+
+
+def mix_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (splitmix64-style mixing; deterministic across runs)."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h ^= (int(p) + 0x9E3779B97F4A7C15 + ((h << 6) & _MASK63) + (h >> 2)) & _MASK63
+        h = (h * 0xBF58476D1CE4E5B9) & _MASK63
+        h ^= h >> 31
+    return h & _MASK63
+
+
+def batch_generator(seed: int, ids: Tensor) -> torch.Generator:
+    """A generator on ``ids``' device seeded by ``seed`` and the batch's example ids
+    (in any order): a batch draws the same numbers whatever its position in the run,
+    so ``fairseq-generate --num-shards N --shard-id i`` (which deals out the same
+    batches as one run) gives, shard by shard, exactly the samples of one run."""
+    gen = torch.Generator(device=ids.device)
+    gen.manual_seed(mix_seed(seed, *sorted(ids.view(-1).tolist())))
+    return gen
 
 
 def filter_logits(logits: Tensor, topk: int = 0, topp: float = 1.0) -> Tensor:

@@ -8,15 +8,18 @@ import torch
 from fairseq.criterions import FairseqCriterion
 from torch import Tensor
 
+from fairseq_ext.criterions.clock import check_model_at_start
+from fairseq_ext.data_parallel import forward_in_wrapper
 from fairseq_ext.generators.candidates import DecodeConfig, sequence_log_probs
-from fairseq_ext.sequence_level import BatchScorer, log_sentence_means, reference_nll, unwrap
+from fairseq_ext.sequence_level import BatchScorer, check_candidate_model, log_sentence_means, reference_nll
 
 
 class CandidateRiskCriterion(FairseqCriterion):
     LOG_KEYS: Tuple[str, ...] = ("loss", "cost_mean", "nll")
 
-    def __init__(self, task, scorer: BatchScorer, decode_cfg: DecodeConfig, mle_weight: float):
+    def __init__(self, task, name: str, scorer: BatchScorer, decode_cfg: DecodeConfig, mle_weight: float):
         super().__init__(task)
+        check_model_at_start(task, lambda model: check_candidate_model(task, model, name))
         self.scorer = scorer
         self.decode_cfg = decode_cfg
         self.mle_weight = mle_weight
@@ -30,7 +33,9 @@ class CandidateRiskCriterion(FairseqCriterion):
         raise NotImplementedError
 
     def forward(self, model, sample, reduce=True):
-        module = unwrap(model)
+        return forward_in_wrapper(model, self._forward, sample)
+
+    def _forward(self, module, sample):
         self.scorer.ensure_lm_scorer(module)
         cand, batch = self.scorer.decode(module, sample, self.decode_cfg)
         hyps, index = self.candidate_set(module, cand, batch)

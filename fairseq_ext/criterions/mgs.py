@@ -16,6 +16,7 @@ Validation computes the MLE loss and the task losses of greedy decodes, so
 """
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -29,8 +30,10 @@ from omegaconf import II
 from fairseq_ext.core.mgs import IMPORTANCE, NOISE_SCALES, PROPOSALS, ParameterSearch, ProposalConfig
 from fairseq_ext.core.mgs import clip_grad_, mgs_weights, mix_seed, weight_stats
 from fairseq_ext.core.task_losses import pooled_mean
+from fairseq_ext.criterions.clock import check_model_at_start
+from fairseq_ext.data_parallel import unwrap
 from fairseq_ext.generators.candidates import DecodeConfig
-from fairseq_ext.sequence_level import BatchScorer, unwrap
+from fairseq_ext.sequence_level import BatchScorer, check_candidate_model
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +95,9 @@ class MGSCriterion(FairseqCriterion):
             raise ValueError(f"--mgs-alpha must be > 0, got {mgs_alpha}")
         if not mgs_max_len_ratio > 0:
             raise ValueError(f"--mgs-max-len-ratio must be > 0, got {mgs_max_len_ratio}")
+        if mgs_score_model and not os.path.isfile(mgs_score_model):
+            raise ValueError(f"--mgs-score-model: no such file {mgs_score_model}")
+        check_model_at_start(task, lambda model: check_candidate_model(task, model, "mgs"))
         self.proposal = ProposalConfig(
             num_candidates=mgs_candidates, mixture=mgs_mixture, alternate=mgs_alternate, proposal=str(mgs_proposal),
             noise=mgs_noise, noise_scale=str(mgs_noise_scale), importance=str(mgs_importance),

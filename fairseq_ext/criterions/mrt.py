@@ -51,7 +51,7 @@ class MRTCriterion(CandidateRiskCriterion):
         scorer = BatchScorer(task, mrt_task_loss, post_process=mrt_post_process, option="--mrt-task-loss")
         decode_cfg = DecodeConfig(strategy=str(mrt_decoder), num_candidates=mrt_candidates, topk=mrt_topk,
                                   max_len_ref_ratio=mrt_max_len_ratio)
-        super().__init__(task, scorer, decode_cfg, mrt_mle_weight)
+        super().__init__(task, "mrt", scorer, decode_cfg, mrt_mle_weight)
         self.alpha = mrt_alpha
         self.include_reference = mrt_include_reference
         self.length_normalize = mrt_length_normalize

@@ -3,7 +3,8 @@
 For each input: n candidates by ancestral sampling; loss = mean_k (c_k - b) log
 p(y^(k) | x) summed over the batch (sample size = sentences), with a baseline b
 that does not use the current samples: a lagged moving average of the pooled
-cost (``moving``), the cost of the greedy decode of the same input
+cost (``moving``; it restarts with every epoch, so that a resumed run continues
+it exactly, see ``criterions/clock.py``), the cost of the greedy decode of the same input
 (``greedy``, self-critical), or none; plus ``--pg-mle-weight`` times the
 reference's sequence NLL.
 """
@@ -17,6 +18,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq_ext.core.risk import MovingAverageBaseline, reinforce_loss
 from fairseq_ext.core.task_losses import pooled_mean
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
+from fairseq_ext.criterions.clock import CheckpointedValue, TrainingClock
 from fairseq_ext.generators.candidates import DecodeConfig
 from fairseq_ext.sequence_level import BatchScorer
 
@@ -46,9 +48,11 @@ class PGCriterion(CandidateRiskCriterion):
         scorer = BatchScorer(task, pg_task_loss, post_process=pg_post_process, option="--pg-task-loss")
         decode_cfg = DecodeConfig(strategy="sample", num_candidates=pg_samples, topk=pg_topk,
                                   max_len_ref_ratio=pg_max_len_ratio)
-        super().__init__(task, scorer, decode_cfg, pg_mle_weight)
+        super().__init__(task, "pg", scorer, decode_cfg, pg_mle_weight)
         self.baseline_kind = str(pg_baseline)
         self.moving = MovingAverageBaseline(pg_baseline_decay)
+        # restarts with every epoch; a resumed run continues it exactly (criterions/clock.py)
+        self.moving_state = CheckpointedValue("pg_moving_baseline", TrainingClock(task))
         self.greedy_cfg = DecodeConfig(max_len_ref_ratio=pg_max_len_ratio)
 
     def _baseline(self, module, sample) -> torch.Tensor:
@@ -60,6 +64,7 @@ class PGCriterion(CandidateRiskCriterion):
                 costs, _ = self.scorer.score(cand.as_list(), cand.source_index, batch)
             return costs.view(bsz, 1)
         if self.baseline_kind == "moving":
+            self.moving.value = self.moving_state.get()
             return torch.full((bsz, 1), self.moving.get())
         return torch.zeros(bsz, 1)
 
@@ -68,4 +73,5 @@ class PGCriterion(CandidateRiskCriterion):
         per_input = reinforce_loss(log_p, costs, baseline)
         if module.training and self.baseline_kind == "moving":
             self.moving.update(float(pooled_mean(costs.view(-1))))
+            self.moving_state.set(self.moving.value)
         return per_input, {"baseline": float(baseline.mean()) * sample["nsentences"]}

@@ -31,8 +31,9 @@ from omegaconf import II
 from fairseq_ext.core.relaxations import DECISION_MODES
 from fairseq_ext.core.schedules import EPS_SCHEDULES, check_eps_schedule, exponential_growth, teacher_forcing_prob
 from fairseq_ext.core.token_losses import label_smoothed_nll
-from fairseq_ext.criterions.clock import TrainingClock
-from fairseq_ext.generators.soft_inputs import make_noise_fn, run_scheduled_sampling
+from fairseq_ext.criterions.clock import TrainingClock, check_model_at_start
+from fairseq_ext.data_parallel import forward_in_wrapper
+from fairseq_ext.generators.soft_inputs import check_step_decodable, make_noise_fn, run_scheduled_sampling
 
 
 @dataclass
@@ -102,6 +103,8 @@ class DifferentiableScheduledSampling(FairseqCriterion):
         self.label_smoothing = label_smoothing
         self.sentence_avg = sentence_avg
         self.clock = TrainingClock(task)
+        check_model_at_start(task, lambda model: check_step_decodable(
+            model, "--criterion differentiable_scheduled_sampling"))
 
     def schedule_values(self):
         """(eps, alpha) at the clock's current epoch / update."""
@@ -118,6 +121,9 @@ class DifferentiableScheduledSampling(FairseqCriterion):
         return fed & prev_output_tokens.ne(self.padding_idx)
 
     def forward(self, model, sample, reduce=True):
+        return forward_in_wrapper(model, self._forward, sample)
+
+    def _forward(self, model, sample):
         net_input = sample["net_input"]
         eps, alpha = self.schedule_values()
         fed = None

@@ -30,8 +30,10 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq_ext.core.schedules import ALPHA_SCHEDULES, interpolated
 from fairseq_ext.core.soft_beam import hamming_step_costs, soft_beam_loss, soft_max_score
 from fairseq_ext.core.task_losses import parse_label_weights
-from fairseq_ext.criterions.clock import TrainingClock
+from fairseq_ext.criterions.clock import TrainingClock, check_model_at_start
+from fairseq_ext.data_parallel import forward_in_wrapper
 from fairseq_ext.generators.soft_beam import NORMALIZATIONS, local_scores, run_beam
+from fairseq_ext.generators.soft_inputs import check_step_decodable
 
 
 @dataclass
@@ -82,11 +84,16 @@ class _SoftBeamCriterion(FairseqCriterion):
         for label, w in weights.items():
             self.label_costs[dictionary.index(label)] = w
         self.clock = TrainingClock(task)
+        who = "--criterion soft_beam_" + ("hinge" if self.hinge else "direct_loss")
+        check_model_at_start(task, lambda model: check_step_decodable(model, who))
 
     def alpha(self) -> float:
         return interpolated(self.schedule, self.alpha0, self.alpha1, self.clock.num_updates, self.alpha_updates)
 
     def forward(self, model, sample, reduce=True):
+        return forward_in_wrapper(model, self._forward, sample)
+
+    def _forward(self, model, sample):
         target = sample["target"]
         horizon = target.ne(self.padding_idx).sum(1)
         costs = hamming_step_costs(target, self.label_costs.numel(), self.label_costs, self.padding_idx)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from fairseq_ext.core.residual import resample
-from fairseq_ext.core.sampling import choose_tokens
+from fairseq_ext.core.sampling import batch_generator, choose_tokens
 
 
 def _with_bos(lm, tokens: Tensor) -> Tensor:
@@ -67,11 +67,12 @@ class JointSampler:
     """
 
     def __init__(self, base_lm, length: int, n: int, topk: int = 0, num_outputs: int = 1,
-                 energy_batch_size: int = 64, generator: Optional[torch.Generator] = None):
+                 energy_batch_size: int = 64, generator: Optional[torch.Generator] = None, seed: int = 1):
         if n < 1 or num_outputs < 1:
             raise ValueError(f"joint sampler needs n >= 1 and num_outputs >= 1, got {n}, {num_outputs}")
         self.base_lm, self.length, self.n, self.topk = base_lm, length, n, topk
         self.num_outputs, self.energy_batch_size, self.generator = num_outputs, energy_batch_size, generator
+        self.seed = seed
         self.eos = base_lm.decoder.dictionary.eos()  # fairseq-generate strips it from the printed text
 
     @torch.no_grad()
@@ -82,10 +83,12 @@ class JointSampler:
         prefixes = sample["net_input"]["src_tokens"]
         lm = self.base_lm.to(prefixes.device)
         bsz, p = prefixes.shape
-        conts = sample_continuations(lm, prefixes, self.length, self.n, self.topk, self.generator)
+        # without a generator of its own: one per batch from the ids, the same draws in any shard
+        gen = self.generator or batch_generator(self.seed, sample["id"].to(prefixes.device))
+        conts = sample_continuations(lm, prefixes, self.length, self.n, self.topk, gen)
         seqs = torch.cat([prefixes[:, None, :].expand(-1, self.n, -1), conts], dim=2).view(bsz * self.n, -1)
         energy = energies_in_batches(energy_model, seqs, self.energy_batch_size).view(bsz, self.n)
-        picks = resample(energy, self.num_outputs, generator=self.generator)
+        picks = resample(energy, self.num_outputs, generator=gen)
         lp = lm_log_prob(lm, seqs, p).view(bsz, self.n, self.length)
         out = []
         for b in range(bsz):

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from fairseq_ext.core import mcmc
+from fairseq_ext.core.sampling import batch_generator
 
 INITS = ("greedy", "random")
 
@@ -73,7 +74,7 @@ class MHSampler:
     sentence, all sentences and chains of a batch advanced together."""
 
     def __init__(self, models: Sequence, tgt_dict, cfg: mcmc.MHConfig, chains: int = 1, init: str = "greedy",
-                 stats_file: Optional[str] = None, history: bool = False):
+                 stats_file: Optional[str] = None, history: bool = False, seed: int = 1):
         if len(models) != 1:
             raise ValueError("translation_mh: ensembles are not supported; give one checkpoint in --path")
         check_cmlm(models[0])
@@ -83,12 +84,14 @@ class MHSampler:
         self.init = init
         self.stats_file = stats_file
         self.history = history
+        self.seed = seed
         self.bos, self.eos, self.pad, self.mask = tgt_dict.bos(), tgt_dict.eos(), tgt_dict.pad(), tgt_dict.unk()
         self.symbols_to_strip_from_output = {self.bos, self.eos}
         if stats_file:
             open(stats_file, "w").close()
 
-    def initial_states(self, model, encoder_out, src_tokens, forbidden: Tensor):
+    def initial_states(self, model, encoder_out, src_tokens, forbidden: Tensor,
+                       generator: Optional[torch.Generator] = None):
         """(B*K, L) states with BOS, EOS and padding fixed, the ``free`` mask, owners."""
         tokens = model.initialize_output_tokens(encoder_out, src_tokens).output_tokens
         owner = torch.arange(tokens.size(0), device=tokens.device).repeat_interleave(self.chains)
@@ -102,7 +105,7 @@ class MHSampler:
             tokens = torch.where(free, logits.argmax(-1), tokens)
         else:
             allowed = (~forbidden).nonzero(as_tuple=True)[0]
-            draw = allowed[torch.randint(len(allowed), tokens.shape, device=tokens.device)]
+            draw = allowed[torch.randint(len(allowed), tokens.shape, device=tokens.device, generator=generator)]
             tokens = torch.where(free, draw, tokens)
         return tokens, free, owner
 
@@ -113,10 +116,11 @@ class MHSampler:
         src_tokens = sample["net_input"]["src_tokens"]
         encoder_out = model.forward_encoder([src_tokens, sample["net_input"]["src_lengths"]])
         forbidden = forbidden_symbols(self.tgt_dict, src_tokens.device)
-        tokens, free, owner = self.initial_states(model, encoder_out, src_tokens, forbidden)
+        gen = batch_generator(self.seed, sample["id"])  # the same draws in any shard (--num-shards)
+        tokens, free, owner = self.initial_states(model, encoder_out, src_tokens, forbidden, gen)
         logits_fn = cmlm_logits_fn(model, encoder_out)
         result = mcmc.run_chains(logits_fn, tokens, free, owner, self.mask, self.cfg, forbidden=forbidden,
-                                 keep_history=self.history)
+                                 generator=gen, keep_history=self.history)
         _, local_terms = mcmc.energy_terms(logits_fn, result.tokens, free, owner, self.mask, self.cfg.max_rows)
         energy = result.e_raw if self.cfg.energy == "raw" else result.e_local
         hypos = []

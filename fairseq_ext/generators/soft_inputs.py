@@ -83,6 +83,23 @@ def check_plain_output_layer(decoder: nn.Module) -> None:
         raise ValueError("soft decisions need the decoder's full output scores: adaptive softmax is not supported")
 
 
+def check_step_decodable(model: nn.Module, who: str) -> None:
+    """Refuse, naming ``who`` (the option) and the model class, a model whose decoder
+    cannot be run step by step with soft inputs: it needs an encoder, an incremental
+    decoder (``reorder_incremental_state``), a token embedding ``embed_tokens`` and
+    full output scores (no adaptive softmax)."""
+    name = type(model).__name__
+    decoder = getattr(model, "decoder", None)
+    if getattr(model, "encoder", None) is None or decoder is None:
+        raise ValueError(f"{who} needs an encoder-decoder model (e.g. --arch transformer, lstm, tagging_lstm); "
+                         f"got {name}")
+    if not callable(getattr(decoder, "reorder_incremental_state", None)):
+        raise ValueError(f"{who} decodes step by step and needs an incremental decoder; {name}'s "
+                         f"{type(decoder).__name__} has no reorder_incremental_state")
+    decoder_embedding(decoder)
+    check_plain_output_layer(decoder)
+
+
 def make_noise_fn(mode: str, generator: Optional[torch.Generator] = None) -> Optional[NoiseFn]:
     """Gumbel noise of the shape of given scores for the sample modes, else None."""
     if not is_sample(mode):

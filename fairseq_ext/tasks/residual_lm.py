@@ -33,7 +33,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
-from fairseq_ext.tasks.batching import KeepLastBatch
+from fairseq_ext.tasks.batching import TaskBatching
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,8 @@ class ResidualLMConfig(FairseqDataclass):
         default=64, metadata={"help": "sequences per energy-model forward when scoring samples"}
     )
     seed: int = II("common.seed")
+    num_shards: int = II("dataset.num_shards")  # fairseq-generate --num-shards (tasks/batching.py)
+    shard_id: int = II("dataset.shard_id")
 
 
 def load_base_lm(path: Optional[str], dictionary: Dictionary):
@@ -174,7 +176,7 @@ class ResidualLMDataset(FairseqDataset):
 
 
 @register_task("residual_lm", dataclass=ResidualLMConfig)
-class ResidualLMTask(KeepLastBatch, FairseqTask):
+class ResidualLMTask(TaskBatching, FairseqTask):
     """Residual EBM over a frozen base LM; see the module docstring."""
 
     def __init__(self, cfg: ResidualLMConfig, dictionary: Dictionary):
@@ -260,7 +262,8 @@ class ResidualLMTask(KeepLastBatch, FairseqTask):
         from fairseq_ext.generators.joint_sampler import JointSampler
 
         return JointSampler(self.base_lm, self.cfg.continuation_len, self.cfg.joint_samples, self.cfg.joint_topk,
-                            num_outputs=getattr(args, "nbest", 1), energy_batch_size=self.cfg.energy_batch_size)
+                            num_outputs=getattr(args, "nbest", 1), energy_batch_size=self.cfg.energy_batch_size,
+                            seed=self.cfg.seed)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         with torch.no_grad():

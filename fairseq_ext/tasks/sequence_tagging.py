@@ -43,12 +43,13 @@ import torch
 from fairseq import metrics, utils
 from fairseq.data import Dictionary, LanguagePairDataset, data_utils, indexed_dataset
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from omegaconf import II
 from fairseq.tasks import FairseqTask, register_task
 
 from fairseq_ext.core.tagging_metrics import conlleval_counts, precision_recall_f1
 from fairseq_ext.generators.candidates import DecodeConfig, decode_candidates
 from fairseq_ext.generators.soft_beam import BeamGenerator
-from fairseq_ext.tasks.batching import KeepLastBatch
+from fairseq_ext.tasks.batching import TaskBatching
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,8 @@ class SequenceTaggingConfig(FairseqDataclass):
     search_alpha: float = field(default=1.0, metadata={"help": "alpha of --tagging-search soft"})
     max_source_positions: int = field(default=1024, metadata={"help": "longest source (words + <eos>)"})
     max_target_positions: int = field(default=1024, metadata={"help": "longest target (labels + <eos>)"})
+    num_shards: int = II("dataset.num_shards")  # fairseq-generate --num-shards (tasks/batching.py)
+    shard_id: int = II("dataset.shard_id")
 
 
 def split_file(split: str) -> str:
@@ -196,7 +199,7 @@ def write_indexed(sequences: Sequence[List[int]], vocab_size: int, prefix: str) 
 
 
 @register_task("sequence_tagging", dataclass=SequenceTaggingConfig)
-class SequenceTaggingTask(KeepLastBatch, FairseqTask):
+class SequenceTaggingTask(TaskBatching, FairseqTask):
     """Tag CoNLL sentences with a seq2seq model; see the module docstring."""
 
     cfg: SequenceTaggingConfig

@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
+from omegaconf import II
 from fairseq.tasks import register_task
 from fairseq.tasks.translation_lev import TranslationLevenshteinConfig, TranslationLevenshteinTask
 
 from fairseq_ext.core import mcmc
 from fairseq_ext.generators.mh_sampler import INITS, MHSampler, check_options
-from fairseq_ext.tasks.batching import KeepLastBatch
+from fairseq_ext.tasks.batching import TaskBatching
 
 
 @dataclass
@@ -57,10 +58,13 @@ class TranslationMHConfig(TranslationLevenshteinConfig):
                                                                         "(JSON lines) here"})
     mh_history: bool = field(default=False, metadata={"help": "also store every chain's state after each "
                                                                "epoch in --mh-stats-file"})
+    seed: int = II("common.seed")
+    num_shards: int = II("dataset.num_shards")  # fairseq-generate --num-shards (tasks/batching.py)
+    shard_id: int = II("dataset.shard_id")
 
 
 @register_task("translation_mh", dataclass=TranslationMHConfig)
-class TranslationMHTask(KeepLastBatch, TranslationLevenshteinTask):
+class TranslationMHTask(TaskBatching, TranslationLevenshteinTask):
     """``translation_lev`` with the Metropolis-Hastings sampler as generator."""
 
     cfg: TranslationMHConfig
@@ -82,4 +86,4 @@ class TranslationMHTask(KeepLastBatch, TranslationLevenshteinTask):
     def build_generator(self, models, args, **unused):
         return MHSampler(models, self.target_dictionary, self.mh_config(), chains=self.cfg.mh_chains,
                          init=str(self.cfg.mh_init), stats_file=self.cfg.mh_stats_file,
-                         history=self.cfg.mh_history)
+                         history=self.cfg.mh_history, seed=self.cfg.seed)

@@ -1,0 +1,88 @@
+"""Crash safety and start-up checks (docs/distributed.md): a run killed mid-epoch
+leaves a loadable checkpoint that resumes; a model a criterion cannot train, a
+missing scorer checkpoint or a malformed data directory stops the run with a clear
+message before the first training step."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, run_cli
+from fairseq_ext import toy
+
+LM = ["--task", "language_modeling", "--tokens-per-sample", "32", "--max-tokens", "256"] + toy.TINY_ARCHS["transformer_lm"]
+TRAIN = ["--user-dir", "fairseq_ext", "--optimizer", "adam", "--lr", "0.003", "--seed", "1", "--num-workers", "0",
+         "--log-format", "simple", "--log-interval", "1"]
+
+
+def _env():
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    return env
+
+
+def test_killed_run_leaves_a_loadable_checkpoint_that_resumes(toy_bin, tmp_path):
+    save = tmp_path / "ck"
+    base = ["fairseq-train", toy_bin, *TRAIN, "--task", "translation", *toy.TINY_ARCHS["transformer"],
+            "--criterion", "differentiable_scheduled_sampling", "--dss-schedule-unit", "update", "--dss-warmup", "2",
+            "--max-tokens", "200", "--no-epoch-checkpoints", "--disable-validation", "--save-dir", str(save)]
+    cmd = base + ["--max-update", "100000", "--save-interval-updates", "3"]
+    log = open(tmp_path / "log", "w")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not (save / "checkpoint_last.pt").exists():
+            assert proc.poll() is None, (tmp_path / "log").read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(1.0)  # let it train (and maybe save again) before the kill
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        log.close()
+    assert (save / "checkpoint_last.pt").exists(), "no checkpoint within 300 s"
+    out = run_cli(base + ["--max-update", "1", "--no-save"]).stdout
+    # fairseq prints "loaded checkpoint ... (epoch E @ U updates)" (and stops at once: U > max-update 1)
+    updates = int(re.search(r"loaded checkpoint .*\(epoch \d+ @ (\d+) updates\)", out).group(1))
+    assert updates > 0 and updates % 3 == 0
+    resumed = run_cli(base + ["--max-update", str(updates + 2), "--no-save"]).stdout
+    assert f"num_updates {updates + 2}" in resumed or f"num_updates={updates + 2}" in resumed, resumed[-2000:]
+
+
+@pytest.mark.parametrize("criterion,message", [
+    (["--criterion", "soft_beam_direct_loss"], "--criterion soft_beam_direct_loss needs an encoder-decoder model"),
+    (["--criterion", "soft_beam_hinge"], "--criterion soft_beam_hinge needs an encoder-decoder model"),
+    (["--criterion", "differentiable_scheduled_sampling"],
+     "--criterion differentiable_scheduled_sampling needs an encoder-decoder model"),
+    (["--criterion", "mgs", "--mgs-task-loss", "edit"], "--criterion mgs: TransformerLanguageModel has no encoder"),
+    (["--criterion", "mrt", "--mrt-task-loss", "edit"], "--criterion mrt: TransformerLanguageModel has no encoder"),
+    (["--criterion", "pg", "--pg-task-loss", "edit"], "--criterion pg: TransformerLanguageModel has no encoder"),
+    (["--criterion", "mgs", "--mgs-task-loss", "lm", "--mgs-score-model", "/no/such/scorer.pt"],
+     "--mgs-score-model: no such file /no/such/scorer.pt"),
+])
+def test_unusable_setups_stop_before_training(criterion, message, toy_lm_bin, tmp_path):
+    proc = subprocess.run(["fairseq-train", toy_lm_bin, *TRAIN, *LM, *criterion, "--max-update", "2",
+                           "--save-dir", str(tmp_path / "ck")], cwd=REPO, env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr[-3000:]
+    assert "num_updates" not in proc.stdout + proc.stderr, "training started"
+    assert not (tmp_path / "ck" / "crash.pt").exists()
+
+
+def test_malformed_data_directories_are_named(tmp_path, toy_bin):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = subprocess.run(["fairseq-train", str(empty), "--user-dir", "fairseq_ext", "--task", "sequence_tagging",
+                           "--arch", "tagging_lstm_tiny", "--criterion", "soft_beam_direct_loss", "--batch-size", "4",
+                           "--cache-dir", str(tmp_path / "cache"), "--save-dir", str(tmp_path / "ck")],
+                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and f"no train.txt in data directory '{empty}'" in proc.stderr, proc.stderr[-2000:]
+    (empty / "train.txt").write_text("EU B-ORG\nrejects\n")
+    proc = subprocess.run(proc.args, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and f"{empty}/train.txt:2: expected at least 2 columns" in proc.stderr, \
+        proc.stderr[-2000:]
