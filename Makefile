@@ -57,6 +57,7 @@ bench: install
 	$(PY) bench/bench_soft_beam.py
 	$(PY) bench/bench_mh.py
 	$(PY) bench/bench_residual.py
+	$(PY) bench/bench_criteria.py
 
 clean-venv:
 	rm -rf $(VENV)

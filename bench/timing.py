@@ -55,7 +55,7 @@ def table(head: List[str], lines: List[List[str]], left: int = 1) -> str:
 
 
 def step_bench_parser(doc: str):
-    """The options shared by the step benchmarks (bench_dss, bench_soft_beam)."""
+    """The options shared by the step benchmarks (bench_dss, bench_soft_beam, bench_criteria)."""
     import argparse
 
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])

@@ -56,10 +56,10 @@ def test_mixed_precision_training_stays_finite(criterion, precision, toy_bin, tm
 def test_mgs_update_does_not_depend_on_the_loss_scale(precision, toy_bin, tmp_path):
     """The MGS direction is handed to fairseq as a gradient, which fairseq scales and
     unscales by a power of two: the updates must be bitwise the same for any scale."""
-    init = "--fp16-init-scale" if precision == "fp16" else "--amp-init-scale"
+    prefix = "--fp16" if precision == "fp16" else "--amp"
     for scale in ("4", "1024"):
         _train(toy_bin, tmp_path / scale, CRITERIA["mgs"] + PRECISIONS[precision]
-               + [init, scale, "--fp16-scale-window", "1000"])
+               + [f"{prefix}-init-scale", scale, f"{prefix}-scale-window", "1000"])
     for update in range(1, 7):
         a, b = (torch.load(tmp_path / s / f"rank0.update{update}.pt") for s in ("4", "1024"))
         assert all(torch.equal(a[k], b[k]) for k in a), f"update {update} depends on the loss scale"

@@ -47,7 +47,7 @@ def test_killed_run_leaves_a_loadable_checkpoint_that_resumes(toy_bin, tmp_path)
     assert (save / "checkpoint_last.pt").exists(), "no checkpoint within 300 s"
     out = run_cli(base + ["--max-update", "1", "--no-save"]).stdout
     # fairseq prints "loaded checkpoint ... (epoch E @ U updates)" (and stops at once: U > max-update 1)
-    updates = int(re.search(r"loaded checkpoint .*\(epoch \d+ @ (\d+) updates\)", out).group(1))
+    updates = int(re.search(r"[Ll]oaded checkpoint .*\(epoch \d+ @ (\d+) updates\)", out).group(1))
     assert updates > 0 and updates % 3 == 0
     resumed = run_cli(base + ["--max-update", str(updates + 2), "--no-save"]).stdout
     assert f"num_updates {updates + 2}" in resumed or f"num_updates={updates + 2}" in resumed, resumed[-2000:]

@@ -1,0 +1,104 @@
+"""Throughput of every translation criterion of the plugin relative to fairseq's
+``cross_entropy``: one training step (forward + backward) on the same model and
+batch, all timed in the same run (docs/performance.md).
+
+Run: ``.venv/bin/python bench/bench_criteria.py`` (a few minutes on one CPU core;
+on a GPU machine it runs on CUDA; ``--quick`` for a smoke run, ``--json FILE`` to
+keep the rows).
+
+Model: ``transformer`` (3+3 layers, embed 256, ffn 1024, 4 heads; ``--quick``: the
+tiny one), random weights, train mode, on the toy translation corpus; batch of
+the first B sentences. Rows, each with its training settings of the docs:
+``ce`` (ratio 1), ``self_normalized_ce``, ``dss soft-argmax`` (eps = 0: every
+position fed the relaxed decision, the worst case), ``soft_beam_direct_loss`` and
+``soft_beam_hinge`` (k = 3), ``mrt`` (4 samples), ``pg`` (4 samples, self-critical
+greedy baseline), ``mgs`` (K = 4 candidates, greedy decoding). Time: ``--warmup``
+untimed rounds, ``--repeats`` interleaved rounds, median, wall clock. Printed,
+never asserted. ``residual_nce`` (another task and model) is measured by
+``bench_residual.py``.
+"""
+import json
+import logging
+import os
+import sys
+import tempfile
+from typing import Dict, List
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # measure this checkout's fairseq_ext, installed or not
+for _name in ("fairseq", "fairseq_cli"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+import torch  # noqa: E402
+from fairseq import options, utils  # noqa: E402
+
+from fairseq_ext import toy  # noqa: E402
+
+import timing  # noqa: E402  (bench/timing.py)
+
+TRANSFORMER = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
+               "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
+               "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+ROWS = {
+    "ce": ["--criterion", "cross_entropy"],
+    "self_normalized_ce": ["--criterion", "self_normalized_ce"],
+    "dss soft-argmax": ["--criterion", "differentiable_scheduled_sampling", "--dss-schedule", "always",
+                        "--dss-warmup", "0"],
+    "soft_beam_direct_loss k=3": ["--criterion", "soft_beam_direct_loss", "--soft-beam-size", "3"],
+    "soft_beam_hinge k=3": ["--criterion", "soft_beam_hinge", "--soft-beam-size", "3"],
+    "mrt 4 samples": ["--criterion", "mrt", "--mrt-candidates", "4", "--mrt-task-loss", "edit"],
+    "pg 4 samples": ["--criterion", "pg", "--pg-samples", "4", "--pg-task-loss", "edit", "--pg-baseline", "greedy"],
+    "mgs K=4": ["--criterion", "mgs", "--mgs-candidates", "4", "--mgs-task-loss", "edit"],
+}
+
+
+def build(data: str, quick: bool, device: torch.device):
+    """(task, model, the criterions of ROWS) sharing one task and model."""
+    arch = [] if quick else TRANSFORMER
+    task, model, _ = toy.build_task_and_model(data, "translation", "transformer", arch + ["--dropout", "0.1"])
+    crits = {}
+    for row, extra in ROWS.items():
+        args = options.parse_args_and_arch(options.get_training_parser(),
+                                           [data, "--task", "translation", "--user-dir", os.path.join(REPO, "fairseq_ext")]
+                                           + toy.TINY_ARCHS["transformer"] + extra)
+        crits[row] = task.build_criterion(args)
+    return task, model.to(device).train(), crits
+
+
+def step(model, sample, criterion) -> None:
+    model.zero_grad(set_to_none=True)
+    loss, _, _ = criterion(model, sample)
+    loss.backward()
+
+
+def bench(args, device: torch.device) -> List[Dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = toy.write_toy_data(os.path.join(tmp, "raw"), sizes=(max(64, args.batch_size), 10, 10))
+        data = toy.binarize_translation(raw, os.path.join(tmp, "bin"))
+        task, model, crits = build(data, args.quick, device)
+        task.load_dataset("train")
+        ds = task.dataset("train")
+        sample = utils.apply_to_sample(lambda t: t.to(device), ds.collater([ds[i] for i in range(args.batch_size)]))
+        fns = {row: (lambda c: lambda: step(model, sample, c))(c) for row, c in crits.items()}
+        ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
+    return [{"row": row, "ms": ms[row], "ratio": ms[row] / ms["ce"], "batch_size": args.batch_size,
+             "device": str(device)} for row in fns]
+
+
+def main(argv=None) -> None:
+    args = timing.quick_settings(timing.step_bench_parser(__doc__).parse_args(argv))
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    torch.manual_seed(1)
+    rows = bench(args, device)
+    print(f"training step of each criterion / cross-entropy step, transformer, batch {args.batch_size}, "
+          f"device {device}, {args.threads} thread(s), median of {args.repeats}")
+    print(timing.table(["row", "ms / step", "ratio to ce"], [[r["row"], f"{r['ms']:.1f}", f"{r['ratio']:.2f}"]
+                                                            for r in rows]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
