@@ -107,11 +107,13 @@ def evaluate(task, energy_model, split: str, n: int, batch_size: int, max_prefix
                                 "joint": {name: float(joint_lp[:, i].mean()) for i, name in enumerate(SETS)}},
     }
     d = task.dictionary
-    records = [{"id": i, "prefix": d.string(blocks[i, :p]), **{name: d.string(c["conts"][i, j]) for j, name in
-                                                                  enumerate(SETS)},
-                "base_lm_log_prob": c["lm_lp"][i].tolist(), "energy": c["energy"][i].tolist(),
-                "joint_log_prob": joint_lp[i].tolist(), "log_z": [float(c["lower"][i, -1]), float(c["upper"][i, -1])]}
-               for i in range(num)]
+    records = []
+    for i in range(num):  # the lists follow SETS: real, base-LM sample, joint sample
+        texts = {name: d.string(c["conts"][i, j]) for j, name in enumerate(SETS)}
+        records.append({"id": i, "prefix": d.string(blocks[i, :p]), **texts,
+                        "base_lm_log_prob": c["lm_lp"][i].tolist(), "energy": c["energy"][i].tolist(),
+                        "joint_log_prob": joint_lp[i].tolist(),
+                        "log_z": [float(c["lower"][i, -1]), float(c["upper"][i, -1])]})
     return res, records
 
 
@@ -200,7 +202,8 @@ def main(argv=None) -> None:
     group.add_argument("--max-prefixes", type=int, default=0, help="evaluate the first N blocks only (0: all)")
     group.add_argument("--json", default=None, help="also write the results to this file")
     group.add_argument("--samples-out", default=None, help="write one JSON line per prefix: the real, base-LM "
-                                                          "and joint continuations, their log-likelihoods")
+                       "and joint continuations; their base-LM and joint log-likelihoods and energies as lists in "
+                       "that order; the lower and upper log Z")
     group.add_argument("--png", default=None, help="write PREFIX_{ppl_vs_n,unique_ngrams,loglik}.png "
                                                    "(needs matplotlib)")
     args = options.parse_args_and_arch(parser, argv)
