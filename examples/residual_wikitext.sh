@@ -6,7 +6,10 @@
 #
 # usage: examples/residual_wikitext.sh WORK_DIR
 # env: FAIRSEQ_EXT_DATA (required), LM_UPDATES (800), EBM_UPDATES (600),
-#      PREFIX (24), CONT (8), NEG (4), EVAL_PREFIXES (400), EVAL_SAMPLES (32)
+#      PREFIX (24), CONT (8), NEG (4), EVAL_PREFIXES (400), EVAL_SAMPLES (64: n of the log-Z
+#      estimates and of the joint sampler), EVAL_NS (2,4,8,16,32,64: Figure 2 left, <= EVAL_SAMPLES),
+#      EVAL_TOPK (0: top-k of the joint sampler's proposals in the evaluation)
+# The figures (Figure 2 left and right, Figure 3) are written as PNG when matplotlib is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${1:?usage: $0 WORK_DIR}
@@ -17,7 +20,9 @@ PREFIX=${PREFIX:-24}
 CONT=${CONT:-8}
 NEG=${NEG:-4}
 EVAL_PREFIXES=${EVAL_PREFIXES:-400}
-EVAL_SAMPLES=${EVAL_SAMPLES:-32}
+EVAL_SAMPLES=${EVAL_SAMPLES:-64}
+EVAL_NS=${EVAL_NS:-2,4,8,16,32,64}
+EVAL_TOPK=${EVAL_TOPK:-0}
 PYTHON=${PYTHON:-python}
 mkdir -p "$WORK"
 log() { echo "==> $(date -u +%H:%M:%S) $*"; }
@@ -57,7 +62,10 @@ for variant in bit unit; do
   log "evaluate $variant: $EVAL_PREFIXES test prefixes, n = $EVAL_SAMPLES"
   "$PYTHON" scripts/eval_residual.py "$DATA" "${T[@]}" --path "$WORK/ebm_$variant/checkpoint_best.pt" \
     --gen-subset test --num-samples "$EVAL_SAMPLES" --max-prefixes "$EVAL_PREFIXES" --batch-size 16 --seed 1 \
-    --json "$WORK/eval_$variant.json" 2> "$WORK/eval_$variant.err" | tee "$WORK/eval_$variant.txt"
+    --range-ns "$EVAL_NS" --joint-samples "$EVAL_SAMPLES" --joint-topk "$EVAL_TOPK" \
+    --samples-out "$WORK/samples_$variant.jsonl" --json "$WORK/eval_$variant.json" \
+    $("$PYTHON" -c 'import matplotlib' 2>/dev/null && echo --png "$WORK/fig_$variant") \
+    2> "$WORK/eval_$variant.err" | tee "$WORK/eval_$variant.txt"
 done
 
 log "joint samples (bit, n = 16, top-k 10) of the valid prefixes"

@@ -19,7 +19,7 @@ import torch
 from fairseq import options, tasks
 
 import fairseq_ext  # noqa: F401  (registers residual_lm)
-from fairseq_ext.generators.joint_sampler import lm_log_prob, sample_continuations
+from fairseq_ext.generators.joint_sampler import lm_log_prob, sample_continuations, with_prefixes
 
 
 def main(argv=None) -> None:
@@ -46,9 +46,8 @@ def main(argv=None) -> None:
         tokens, lps, pos_lps = [], [], []
         for chunk in blocks.split(args.sample_batch_size):
             conts = sample_continuations(lm, chunk[:, :p], length, args.num_samples, args.topk, generator=g)
-            seqs = torch.cat([chunk[:, None, :p].expand(-1, args.num_samples, -1), conts], 2).view(-1, p + length)
             tokens.append(conts.int())
-            lps.append(lm_log_prob(lm, seqs, p).sum(1).view(-1, args.num_samples))
+            lps.append(lm_log_prob(lm, with_prefixes(chunk[:, :p], conts), p).sum(1).view(-1, args.num_samples))
             pos_lps.append(lm_log_prob(lm, chunk, p).sum(1))
         path = os.path.join(out_dir, f"{split}.negatives.pt")
         torch.save({"tokens": torch.cat(tokens), "lm_log_prob": torch.cat(lps), "pos_lm_log_prob": torch.cat(pos_lps),

@@ -2,7 +2,8 @@
 continuations of 2 tokens (9 sequences, so log Z and the joint distribution are
 exact), written directly in torch; the NCE loss by hand and Theorem 1; the log-Z
 estimators' exact expectations against Theorem 2; the joint sampler (Algorithm 1)
-against P_LM exp(-E) / Z in total variation."""
+against P_LM exp(-E) / Z in total variation; the share of unique n-grams (Figure 2
+right) by hand."""
 import itertools
 import math
 
@@ -19,6 +20,7 @@ from fairseq_ext.core.residual import (
     resample,
     resampling_weights,
 )
+from fairseq_ext.core.task_losses import unique_ngram_share
 
 V, L = 3, 2
 SEQS = list(itertools.product(range(V), repeat=L))  # the 9 continuations, in a fixed order
@@ -261,3 +263,32 @@ def test_resample_outputs_and_validation():
     assert resample(e, 5, generator=g).tolist() == [[0] * 5, [2] * 5]
     with pytest.raises(ValueError):
         resample(e, 0)
+
+
+def test_unique_ngram_share_hand_values():
+    """Figure 2 right's statistic, counted by hand on [1 2 1 2] and [1 2 3]:
+    bigrams (1,2) (2,1) (1,2) | (1,2) (2,3): pooled 3 distinct of 5, within each
+    2/3 and 2/2 (mean 5/6); trigrams (1,2,1) (2,1,2) | (1,2,3): 3 of 3; the only
+    4-gram is in the first sequence (the second, too short, is left out)."""
+    seqs = [[1, 2, 1, 2], [1, 2, 3]]
+    assert unique_ngram_share(seqs, 2) == pytest.approx(3 / 5)
+    assert unique_ngram_share(seqs, 2, pooled=False) == pytest.approx(5 / 6)
+    assert unique_ngram_share(seqs, 3) == unique_ngram_share(seqs, 3, pooled=False) == 1.0
+    assert unique_ngram_share(seqs, 4) == unique_ngram_share(seqs, 4, pooled=False) == 1.0
+    # an n-gram shared by two sequences counts once when pooled, not within each
+    same = [[5, 6, 7], [5, 6, 7]]
+    assert unique_ngram_share(same, 3) == 0.5 and unique_ngram_share(same, 3, pooled=False) == 1.0
+    assert unique_ngram_share([[4, 4, 4, 4]], 1) == 0.25
+    assert unique_ngram_share([[1]], 2) == 1.0  # no n-grams: nothing repeats
+    with pytest.raises(ValueError, match="n must be"):
+        unique_ngram_share(seqs, 0)
+
+
+def test_plotting_names_the_extra_when_matplotlib_is_missing(monkeypatch):
+    import sys
+
+    from fairseq_ext.plotting import pyplot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
+    with pytest.raises(ImportError, match=r"pip install 'fairseq-ext\[plot\]'"):
+        pyplot()

@@ -2,6 +2,7 @@
 scripts/sample_negatives.py, fairseq-train --task residual_lm --criterion
 residual_nce (bit and unit), scripts/eval_residual.py, fairseq-generate with the
 joint sampler; and the checks that bad input fails before any work."""
+import importlib.util
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from conftest import assert_shards_make_one_run, run_cli
+from fairseq_ext.core.task_losses import unique_ngram_share
 
 P, L = 8, 4
 TASK = ["--user-dir", "fairseq_ext", "--task", "residual_lm", "--prefix-len", str(P), "--continuation-len", str(L)]
@@ -90,11 +92,15 @@ def test_unit_variant_trains(toy_lm_bin, base_lm, negatives, tmp_path):
 
 def test_eval_script_perplexity_range(toy_lm_bin, base_lm, negatives, trained_bit, tmp_path):
     save, _ = trained_bit
-    out_json = tmp_path / "eval.json"
+    out_json, out_samples = tmp_path / "eval.json", tmp_path / "samples.jsonl"
+    png = ["--png", str(tmp_path / "fig")] if importlib.util.find_spec("matplotlib") else []
     run_cli(["python", "scripts/eval_residual.py", toy_lm_bin, "--base-lm", base_lm, "--path",
              os.path.join(save, "checkpoint_best.pt"), "--gen-subset", "test", "--num-samples", "16",
-             "--json", str(out_json)] + TASK)
+             "--range-ns", "2,4,8", "--joint-samples", "8", "--joint-topk", "3", "--samples-out", str(out_samples),
+             "--json", str(out_json)] + png + TASK)
     res = json.loads(out_json.read_text())
+    for name in ("ppl_vs_n", "unique_ngrams", "loglik"):  # the figures, where matplotlib is installed
+        assert not png or (tmp_path / f"fig_{name}.png").stat().st_size > 1000
     stored = torch.load(os.path.join(negatives, "test.negatives.pt"), weights_only=True)
     assert res["prefixes"] == stored["tokens"].size(0)
     # the base LM perplexity agrees with the log-probabilities sample_negatives stored
@@ -103,6 +109,27 @@ def test_eval_script_perplexity_range(toy_lm_bin, base_lm, negatives, trained_bi
     assert res["mean_log_z_lower"] <= res["mean_log_z_upper"]
     assert res["joint_ppl_lower"] <= res["joint_ppl_upper"]
     assert 1.0 < res["joint_ppl_lower"] < 100.0
+    # Figure 2 left: one range per n, the last the main one
+    by_n = res["by_num_samples"]
+    assert [r["n"] for r in by_n] == [2, 4, 8, 16]
+    assert (by_n[-1]["joint_ppl_lower"], by_n[-1]["joint_ppl_upper"]) == (res["joint_ppl_lower"], res["joint_ppl_upper"])
+    # Figure 2 right / Figure 3: per prefix the real continuation (scored as sample_negatives scored it), a
+    # base-LM and a joint sample of L tokens each; the joint log-likelihood is log P_LM - E - lower log Z
+    task, _ = setup(toy_lm_bin, "--base-lm", base_lm)
+    blocks = task.load_blocks("test")
+    records = [json.loads(line) for line in out_samples.read_text().splitlines()]
+    assert len(records) == len(blocks)
+    for r, block, pos_lp in zip(records, blocks, stored["pos_lm_log_prob"].tolist()):
+        assert r["real"] == task.dictionary.string(block[P:])
+        assert r["base_lm_log_prob"][0] == pytest.approx(pos_lp, abs=1e-4)
+        assert all(len(r[k].split()) <= L for k in ("base_lm", "joint"))  # <eos> is not printed
+        for lm_lp, e, joint in zip(r["base_lm_log_prob"], r["energy"], r["joint_log_prob"]):
+            assert joint == pytest.approx(lm_lp - e - r["log_z"][0], abs=1e-4)
+    assert set(res["unique_ngram_share"]) == {"real", "base_lm", "joint"}
+    real = [b[P:].tolist() for b in blocks]
+    assert res["unique_ngram_share"]["real"]["2"]["pooled"] == pytest.approx(unique_ngram_share(real, 2))
+    assert res["mean_log_likelihood"]["base_lm"]["real"] == pytest.approx(
+        stored["pos_lm_log_prob"].mean().item(), abs=1e-4)
 
 
 def test_generate_joint_sampler(toy_lm_bin, base_lm, trained_bit):

@@ -234,10 +234,29 @@ class RepetitionCost(TaskLoss):
         self.n = n
 
     def sentence_cost(self, hyp: list[Token], ref: Optional[list[Token]]) -> float:
-        ngrams = [tuple(hyp[i : i + self.n]) for i in range(len(hyp) - self.n + 1)]
-        if not ngrams:
-            return 0.0
-        return 1.0 - len(set(ngrams)) / len(ngrams)
+        return 1.0 - unique_ngram_share([hyp], self.n)
+
+
+def unique_ngram_share(sequences: Sequence[Sequence[Token]], n: int, pooled: bool = True) -> float:
+    """Share of unique n-grams: distinct n-grams / all n-grams, in [0, 1] (1: nothing repeats).
+
+    The n-grams of each sequence are taken inside it (none spans two sequences).
+    pooled: over the whole set, an n-gram counting once however many sequences
+        hold it: the diversity of a set of samples (Deng et al., 2020, Figure 2
+        right, compares sets of equal size this way). Otherwise the mean over the
+        sequences of at least n tokens of their own share (1 - the ``rep`` cost):
+        repetition inside a sequence only.
+    Returns 1.0 when no sequence has n tokens.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    grams = [[tuple(s[i : i + n]) for i in range(len(s) - n + 1)] for s in sequences]
+    grams = [g for g in grams if g]
+    if not grams:
+        return 1.0
+    if pooled:
+        return len({x for g in grams for x in g}) / sum(len(g) for g in grams)
+    return sum(len(set(g)) / len(g) for g in grams) / len(grams)
 
 
 @register_task_loss("nonterm")

@@ -6,7 +6,7 @@ Continuations have exactly L tokens: <eos> is an ordinary token of the stream
 the same untruncated distribution the samples come from (top-k filters only the
 proposal, not the score).
 """
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -51,6 +51,13 @@ def lm_log_prob(lm, sequences: Tensor, prefix_len: int) -> Tensor:
     return lprobs.gather(2, sequences[:, prefix_len:, None]).squeeze(2)
 
 
+def with_prefixes(prefixes: Tensor, conts: Tensor) -> Tensor:
+    """(B, P) prefixes and (B, n, L) continuations -> (B*n, P+L) whole sequences,
+    the n of a prefix consecutive."""
+    bsz, n, _ = conts.shape
+    return torch.cat([prefixes[:, None, :].expand(-1, n, -1), conts], dim=2).view(bsz * n, -1)
+
+
 def energies_in_batches(energy_fn: Callable[[Tensor], Tensor], sequences: Tensor, batch_size: int) -> Tensor:
     """E of (N, T) sequences, ``batch_size`` rows per call; returns (N,)."""
     return torch.cat([energy_fn(chunk) for chunk in sequences.split(batch_size)])
@@ -63,7 +70,9 @@ class JointSampler:
 
     ``generate(models, sample)`` returns, per prefix, ``num_outputs`` hypotheses
     in fairseq-generate's format: ``tokens`` the continuation (L,), ``score`` -E,
-    ``positional_scores`` the base LM's token log-probabilities, ``energy``.
+    ``positional_scores`` the base LM's token log-probabilities, ``energy``;
+    ``propose(energy_model, prefixes)`` its first two steps, all n proposals and
+    their energies (scripts/eval_residual.py resamples from them itself).
     """
 
     def __init__(self, base_lm, length: int, n: int, topk: int = 0, num_outputs: int = 1,
@@ -76,20 +85,27 @@ class JointSampler:
         self.eos = base_lm.decoder.dictionary.eos()  # fairseq-generate strips it from the printed text
 
     @torch.no_grad()
+    def propose(self, energy_model: Callable[[Tensor], Tensor], prefixes: Tensor,
+                generator: Optional[torch.Generator] = None) -> Tuple[Tensor, Tensor]:
+        """Algorithm 1's proposals: n base-LM continuations of each of the (B, P)
+        prefixes (drawn with ``generator``, else the sampler's own) and their
+        energies. Returns conts (B, n, L) and energy (B, n)."""
+        conts = sample_continuations(self.base_lm.to(prefixes.device), prefixes, self.length, self.n, self.topk,
+                                     generator or self.generator)
+        energy = energies_in_batches(energy_model, with_prefixes(prefixes, conts), self.energy_batch_size)
+        return conts, energy.view(prefixes.size(0), self.n)
+
+    @torch.no_grad()
     def generate(self, models, sample: Dict, **kwargs) -> List[List[Dict]]:
         if len(models) != 1:
             raise ValueError("the joint sampler takes one energy model (no ensembles)")
-        energy_model = models[0]
         prefixes = sample["net_input"]["src_tokens"]
-        lm = self.base_lm.to(prefixes.device)
         bsz, p = prefixes.shape
         # without a generator of its own: one per batch from the ids, the same draws in any shard
         gen = self.generator or batch_generator(self.seed, sample["id"].to(prefixes.device))
-        conts = sample_continuations(lm, prefixes, self.length, self.n, self.topk, gen)
-        seqs = torch.cat([prefixes[:, None, :].expand(-1, self.n, -1), conts], dim=2).view(bsz * self.n, -1)
-        energy = energies_in_batches(energy_model, seqs, self.energy_batch_size).view(bsz, self.n)
+        conts, energy = self.propose(models[0], prefixes, gen)
         picks = resample(energy, self.num_outputs, generator=gen)
-        lp = lm_log_prob(lm, seqs, p).view(bsz, self.n, self.length)
+        lp = lm_log_prob(self.base_lm, with_prefixes(prefixes, conts), p).view(bsz, self.n, self.length)
         out = []
         for b in range(bsz):
             out.append([{"tokens": conts[b, i], "score": -energy[b, i], "energy": energy[b, i],
