@@ -225,8 +225,13 @@ def test_unit_starts_from_the_base_lm(toy_lm_bin, base_lm):
     base = task.base_lm.decoder.state_dict()
     for name, value in model.body.state_dict().items():
         assert torch.equal(value, base[name]), name
-    assert all(p.requires_grad for p in model.body.parameters())
     assert not any(p.requires_grad for p in task.base_lm.parameters())
+    # every trainable tensor gets a gradient from the energy (c10d DDP needs that); the base LM's
+    # output projection (untied here) is the one frozen tensor
+    model(torch.randint(4, len(task.source_dictionary), (3, P + L))).sum().backward()
+    untrained = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    assert not untrained and frozen == ["body.output_projection.weight"]
 
 
 def test_joint_sampler_follows_the_energy(toy_lm_bin, base_lm):

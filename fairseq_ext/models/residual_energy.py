@@ -59,6 +59,10 @@ class ResidualEnergyModel(BaseFairseqModel):
                 raise ValueError("--energy-variant unit is initialised from the task's --base-lm (task residual_lm)")
             decoder = copy.deepcopy(base.decoder)
             decoder.requires_grad_(True)
+            out = getattr(decoder, "output_projection", None)
+            if out is not None and out.weight is not decoder.embed_tokens.weight:
+                # the energy reads hidden states: an unused trainable tensor would stall c10d DDP
+                out.requires_grad_(False)
             return cls("unit", decoder, decoder.output_embed_dim, dictionary.pad(), dictionary.eos())
         tcfg = TransformerConfig()
         tcfg.encoder.layers = cfg.encoder_layers
