@@ -19,10 +19,14 @@ throttle() {
 # command of the selected stages (already finished ones included) and runs
 # nothing. --list prints the stages and which are done.
 #
-# In the recipe:  STAGES=(a b c); recipe_args "$@"; if stage a; then run ...; stage_done a; fi
+# In the recipe:  STAGES=(a b c); PATH_VARS=(RAW_DIR); recipe_args "$@"
+#                 if stage a; then run ...; stage_done a; fi
 # ---------------------------------------------------------------------------
 
-# recipe_args ARGS...: parse the command line above; sets WORK, DRY_RUN, SELECTED
+# recipe_args ARGS...: parse the command line above (sets WORK, DRY_RUN, SELECTED); make
+# WORK and the environment variables named in PATH_VARS absolute; cd to the repository
+# root (so --user-dir fairseq_ext and scripts/ resolve); devices_init; WORKERS (CPU
+# count) and PYTHON defaults
 recipe_args() {
   local from="" to="" only=() list=0 force=0
   WORK="" DRY_RUN=0 FORCE=0
@@ -63,6 +67,13 @@ recipe_args() {
     exit 0
   fi
   [ "$DRY_RUN" = 1 ] || mkdir -p "$WORK/.stages"
+  for name in ${PATH_VARS[@]+"${PATH_VARS[@]}"}; do
+    [ -z "${!name:-}" ] || printf -v "$name" '%s' "$(abspath "${!name}")"
+  done
+  cd "$(dirname "${BASH_SOURCE[0]}")/.."
+  WORKERS=${WORKERS:-$(getconf _NPROCESSORS_ONLN)}
+  PYTHON=${PYTHON:-python}
+  devices_init
 }
 
 abspath() {  # PATH -> absolute (the recipes cd to the repository root)

@@ -21,25 +21,20 @@
 # env: IWSLT_RAW (the extracted de-en/ directory: skips the download), BPE_TOKENS (10000),
 #      MLE_EPOCHS (60), FT_EPOCHS (20), LSTM_EPOCHS (20), MODELS (what score scores: all
 #      trained), SPLITS ("valid test"), NGPU (GPUs; default from CUDA_VISIBLE_DEVICES /
-#      nvidia-smi), WORKERS (nproc), PYTHON (python);
+#      nvidia-smi), WORKERS (CPU count), PYTHON (python);
 #      EXTRA_TRAIN (appended to every fairseq-train), EXTRA_TRANSFORMER, EXTRA_LSTM
 #      (appended to those models' training: smaller models for smoke tests)
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-. "$HERE/../lib.sh"
+. "$(dirname "$0")/../lib.sh"
 STAGES=(download prepare binarize mle mgs_sbleu mgs_edit mrt pg lstm_ce dss soft_beam score)
+PATH_VARS=(IWSLT_RAW)
 recipe_args "$@"
-[ -z "${IWSLT_RAW:-}" ] || IWSLT_RAW=$(abspath "$IWSLT_RAW")
-cd "$HERE/../.."
-devices_init
 URL=${IWSLT_URL:-http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz}
 BPE_TOKENS=${BPE_TOKENS:-10000}
 MLE_EPOCHS=${MLE_EPOCHS:-60}
 FT_EPOCHS=${FT_EPOCHS:-20}
 LSTM_EPOCHS=${LSTM_EPOCHS:-20}
 SPLITS=${SPLITS:-valid test}
-WORKERS=${WORKERS:-$(nproc)}
-PYTHON=${PYTHON:-python}
 ORIG=$WORK/orig/de-en
 DATA=$WORK/data-bin
 

@@ -15,10 +15,11 @@
 #   score      greedy continuations of the test prefixes, max length 500: edit, repetition,
 #              non-termination, length (score.py) and perplexity (fairseq-validate)
 #   ebm_data   residual EBM data: every line, the same vocabulary, --only-source
-#   ebm_lm     base LM P_LM (transformer_lm_gpt, 512-token blocks), fp16 on GPUs
+#   ebm_lm     base LM P_LM as the paper's BASE LM (12 layers, 1024, ffn 4096, 16 heads),
+#              512-token blocks, Adam with warm-up and cosine decay, fp16 on GPUs
 #   negatives  NEGATIVES continuations of CONT tokens per PREFIX-token prefix from P_LM
 #   ebm_unit   energies trained with residual NCE (section 4.1): UniT from the base LM,
-#   ebm_bit    BiT a 12-layer bidirectional encoder from scratch (the paper: RoBERTa)
+#   ebm_bit    BiT-base (RoBERTa-base shape) from scratch (the paper's BIT-BASE, no *)
 #   ebm_eval   perplexity range on the test prefixes (log Z bounds, Theorem 2) and joint
 #              samples of the valid prefixes (Algorithm 1, top-k 10)
 #
@@ -28,18 +29,15 @@
 #      VOCAB (50000), LM (a transformer_lm checkpoint on this data-bin: skips lm),
 #      LM_UPDATES (400000), MAX_LEN (500), MODELS (scored; "lm mgs_lm mgs_edit"),
 #      PREFIX (120), CONT (40), NEGATIVES (16), NUM_NEG (per positive, 8), EBM_UPDATES
-#      (100000), EVAL_SAMPLES (100), EVAL_PREFIXES (0: all), NGPU, FP16 (1), WORKERS
-#      (nproc), PYTHON (python); EXTRA_TRAIN (appended to every fairseq-train), EXTRA_LM,
-#      EXTRA_EBM (to the LMs' / energies' training: smaller models for smoke tests)
+#      (100000), EVAL_SAMPLES (1000; the paper 100,000), EVAL_PREFIXES (0: all), NGPU,
+#      FP16 (1), WORKERS (CPU count), PYTHON (python); EXTRA_TRAIN (appended to every
+#      fairseq-train), EXTRA_LM, EXTRA_EBM (to the LMs' / energies' training: smaller
+#      models for smoke tests)
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-. "$HERE/../lib.sh"
+. "$(dirname "$0")/../lib.sh"
 STAGES=(download prepare lm mgs_lm mgs_edit score ebm_data ebm_lm negatives ebm_unit ebm_bit ebm_eval)
+PATH_VARS=(WIKITEXT_RAW LM)
 recipe_args "$@"
-[ -z "${WIKITEXT_RAW:-}" ] || WIKITEXT_RAW=$(abspath "$WIKITEXT_RAW")
-[ -z "${LM:-}" ] || LM=$(abspath "$LM")
-cd "$HERE/../.."
-devices_init
 URL=${WIKITEXT_URL:-https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip}
 VOCAB=${VOCAB:-50000}
 LM_UPDATES=${LM_UPDATES:-400000}
@@ -49,10 +47,8 @@ CONT=${CONT:-40}
 NEGATIVES=${NEGATIVES:-16}
 NUM_NEG=${NUM_NEG:-8}
 EBM_UPDATES=${EBM_UPDATES:-100000}
-EVAL_SAMPLES=${EVAL_SAMPLES:-100}
+EVAL_SAMPLES=${EVAL_SAMPLES:-1000}
 EVAL_PREFIXES=${EVAL_PREFIXES:-0}
-WORKERS=${WORKERS:-$(nproc)}
-PYTHON=${PYTHON:-python}
 RAW=$WORK/raw
 DATA=$WORK/data/bin
 LM=${LM:-$WORK/lm/checkpoint_best.pt}
@@ -141,9 +137,11 @@ if stage ebm_data; then
 fi
 if stage ebm_lm; then
   # shellcheck disable=SC2086
-  train ebm_lm "$EBM_DATA" --task language_modeling "${GPT[@]}" "${FP16_ARGS[@]}" --tokens-per-sample 512 \
-    --lr 5e-4 --lr-scheduler inverse_sqrt --warmup-updates 4000 --max-tokens 8192 --update-freq "$(update_freq 8)" \
-    --max-update "$LM_UPDATES" ${EXTRA_LM:-}
+  train ebm_lm "$EBM_DATA" --task language_modeling --arch transformer_lm --decoder-layers 12 \
+    --decoder-embed-dim 1024 --decoder-ffn-embed-dim 4096 --decoder-attention-heads 16 \
+    --share-decoder-input-output-embed --dropout 0.1 "${FP16_ARGS[@]}" --tokens-per-sample 512 --optimizer adam \
+    --adam-betas '(0.9, 0.98)' --clip-norm 1.0 --lr 5e-4 --lr-scheduler cosine --warmup-updates 4000 \
+    --max-tokens 8192 --update-freq "$(update_freq 8)" --max-update "$LM_UPDATES" ${EXTRA_LM:-}
   stage_done ebm_lm
 fi
 if stage negatives; then
@@ -156,7 +154,7 @@ ebm() {  # variant model options...
   # shellcheck disable=SC2086
   train "ebm_$v" "$EBM_DATA" "${T[@]}" "${FP16_ARGS[@]}" --arch residual_energy --energy-variant "$v" "$@" \
     --criterion residual_nce --optimizer adam --adam-betas '(0.9, 0.98)' --lr 1e-4 \
-    --lr-scheduler inverse_sqrt --warmup-updates 2000 --clip-norm 1.0 --batch-size 32 \
+    --lr-scheduler cosine --warmup-updates 2000 --clip-norm 1.0 --batch-size 32 \
     --update-freq "$(update_freq 8)" --max-update "$EBM_UPDATES" --ddp-backend no_c10d --find-unused-parameters \
     ${EXTRA_EBM:-}
 }

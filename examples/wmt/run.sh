@@ -23,17 +23,13 @@
 # env: PAIR (de-en or ro-en; default de-en, translated left to right), WMT_RAW (extracted
 #      archives: skips the download), BPE_TOKENS (40000), CMLM (a cmlm_transformer
 #      checkpoint on this data-bin: skips training), MAX_UPDATE (300000), SUBSET (0: all
-#      short pairs), EVAL_SETS ("full len20"), CHAINS (5), NGPU, FP16 (1), WORKERS (nproc), PYTHON (python),
+#      short pairs), EVAL_SETS ("full len20"), CHAINS (5), NGPU, FP16 (1), WORKERS (CPU count), PYTHON (python),
 #      EXTRA_TRAIN / EXTRA_CMLM (appended to the CMLM training), EXTRA_MH (to the samplers)
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-. "$HERE/../lib.sh"
+. "$(dirname "$0")/../lib.sh"
 STAGES=(download prepare binarize subset20 cmlm baselines mh score)
+PATH_VARS=(WMT_RAW CMLM)
 recipe_args "$@"
-[ -z "${WMT_RAW:-}" ] || WMT_RAW=$(abspath "$WMT_RAW")
-[ -z "${CMLM:-}" ] || CMLM=$(abspath "$CMLM")
-cd "$HERE/../.."
-devices_init
 PAIR=${PAIR:-de-en}
 SRC=${PAIR%-*}
 TGT=${PAIR#*-}
@@ -41,8 +37,6 @@ BPE_TOKENS=${BPE_TOKENS:-40000}
 MAX_UPDATE=${MAX_UPDATE:-300000}
 SUBSET=${SUBSET:-0}
 CHAINS=${CHAINS:-5}
-WORKERS=${WORKERS:-$(nproc)}
-PYTHON=${PYTHON:-python}
 ORIG=$WORK/orig
 RAW=$WORK/raw
 DATA=$WORK/data-bin
