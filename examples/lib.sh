@@ -168,6 +168,17 @@ devices_init() {
   echo "# $(basename "$0"): $NGPU GPU(s): ${DEVICE[*]:-(one GPU)} ${FP16_ARGS[*]:-}; work dir $WORK"
 }
 
+# train STAGE DATA OPTIONS...: fairseq-train into WORK/STAGE, log WORK/logs/STAGE.log, with
+# the device options and --update-epoch-batch-itr True (a resumed run sees the batches an
+# uninterrupted one would: docs/distributed.md); EXTRA_TRAIN is appended last
+train() {
+  local name=$1 data=$2; shift 2
+  # shellcheck disable=SC2086
+  run_log "$WORK/logs/$name.log" fairseq-train "$data" --user-dir fairseq_ext "${DEVICE[@]}" \
+    --update-epoch-batch-itr True --no-epoch-checkpoints --log-format simple --log-interval 100 --seed 1 "$@" \
+    --save-dir "$WORK/$name" ${EXTRA_TRAIN:-}
+}
+
 update_freq() {  # K -> max(1, K / NGPU)
   local n=$(( NGPU > 0 ? $1 / NGPU : $1 ))
   echo $(( n > 0 ? n : 1 ))

@@ -138,9 +138,12 @@ def test_iwslt_dry_run_prints_the_paper_settings(tmp_path):
     assert "--lowercase --min-len 1 --max-len 175 --ratio 1.5 --bpe-tokens 10000" in out
     assert "--arch transformer_iwslt_de_en" in out and "--clip-norm 1.0 --patience -1" in out
     assert "--criterion mgs --mgs-candidates 4 --mgs-alpha 100 --mgs-noise 1.0" in out
-    assert "--max-tokens 16000 --update-freq 2" in out  # 16k x 4 per update over 2 GPUs
+    # MGS: four 16k-token searches per update, each pooled over the GPUs; MRT / PG: 64k tokens per update
+    assert "--max-tokens 8000 --update-freq 4 --criterion mgs" in out
+    assert "--max-tokens 16000 --update-freq 2 --criterion mrt" in out
     train = [line for line in out.splitlines() if line.startswith("fairseq-train")]
     assert len(train) == 8 and all("--distributed-world-size 2" in line for line in train)
+    assert all("--update-epoch-batch-itr True" in line for line in train)  # exact resume
     assert "--criterion mrt" in out and "--criterion pg" in out and "--criterion soft_beam_direct_loss" in out
     assert "--beam 5" in out and "--beam 1" in out
 

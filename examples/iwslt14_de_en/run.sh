@@ -74,38 +74,33 @@ TRANSFORMER=(--arch transformer_iwslt_de_en --share-decoder-input-output-embed -
   --clip-norm 1.0 --patience -1)
 BLEU_VALID=(--eval-bleu --eval-bleu-args '{"beam": 5, "max_len_a": 1.2, "max_len_b": 10}' --eval-bleu-detok moses
   --eval-bleu-remove-bpe --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
-COMMON=(--user-dir fairseq_ext "${DEVICE[@]}" --no-epoch-checkpoints --log-format simple --log-interval 100 --seed 1)
-
-train() {  # STAGE fairseq-train options...: train into WORK/STAGE (resumes from its checkpoint_last.pt)
-  local name=$1; shift
-  # shellcheck disable=SC2086
-  run_log "$WORK/logs/$name.log" fairseq-train "$DATA" "${COMMON[@]}" "$@" --save-dir "$WORK/$name" ${EXTRA_TRAIN:-}
-}
-
 if stage mle; then
   # shellcheck disable=SC2086
-  train mle "${TRANSFORMER[@]}" "${BLEU_VALID[@]}" --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-    --max-tokens 4096 --update-freq "$(update_freq 1)" --max-epoch "$MLE_EPOCHS" ${EXTRA_TRANSFORMER:-}
+  train mle "$DATA" "${TRANSFORMER[@]}" "${BLEU_VALID[@]}" --criterion label_smoothed_cross_entropy \
+    --label-smoothing 0.1 --max-tokens 4096 --update-freq "$(update_freq 1)" --max-epoch "$MLE_EPOCHS" ${EXTRA_TRANSFORMER:-}
   stage_done mle
 fi
 
-# MGS A.4: fine-tuning from the MLE model with the same hyper-parameters, 16k tokens x update-freq 4
-finetune() {  # STAGE criterion options...
+# MGS A.4: fine-tuning from the MLE model with the same hyper-parameters, 16k-token batches x 4
+finetune() {  # STAGE batch and criterion options...
   local name=$1; shift
   # shellcheck disable=SC2086
-  train "$name" "${TRANSFORMER[@]}" "${BLEU_VALID[@]}" --finetune-from-model "$WORK/mle/checkpoint_best.pt" \
-    --ddp-backend no_c10d \
-    --max-tokens 16000 --update-freq "$(update_freq 4)" --max-epoch "$FT_EPOCHS" "$@" ${EXTRA_TRANSFORMER:-}
+  train "$name" "$DATA" "${TRANSFORMER[@]}" "${BLEU_VALID[@]}" --finetune-from-model "$WORK/mle/checkpoint_best.pt" \
+    --max-epoch "$FT_EPOCHS" "$@" ${EXTRA_TRANSFORMER:-}
 }
-SEQ=(--mgs-candidates 4 --mgs-alpha 100 --mgs-noise 1.0 --mgs-post-process subword_nmt)
-if stage mgs_sbleu; then finetune mgs_sbleu --criterion mgs "${SEQ[@]}" --mgs-task-loss sbleu; stage_done mgs_sbleu; fi
-if stage mgs_edit; then finetune mgs_edit --criterion mgs "${SEQ[@]}" --mgs-task-loss edit; stage_done mgs_edit; fi
+# MGS searches once per micro-batch with costs pooled over the GPUs (docs/distributed.md): 16k
+# tokens over all GPUs and update-freq 4 are the paper's four 16k-token searches per update
+MGS=(--max-tokens $((16000 / (NGPU > 1 ? NGPU : 1))) --update-freq 4 --criterion mgs --mgs-candidates 4
+  --mgs-alpha 100 --mgs-noise 1.0 --mgs-post-process subword_nmt)
+RISK=(--max-tokens 16000 --update-freq "$(update_freq 4)")  # MRT / PG losses are sums: 64k tokens per update
+if stage mgs_sbleu; then finetune mgs_sbleu "${MGS[@]}" --mgs-task-loss sbleu; stage_done mgs_sbleu; fi
+if stage mgs_edit; then finetune mgs_edit "${MGS[@]}" --mgs-task-loss edit; stage_done mgs_edit; fi
 if stage mrt; then
-  finetune mrt --criterion mrt --mrt-task-loss sbleu --mrt-candidates 4 --mrt-post-process subword_nmt
+  finetune mrt "${RISK[@]}" --criterion mrt --mrt-task-loss sbleu --mrt-candidates 4 --mrt-post-process subword_nmt
   stage_done mrt
 fi
 if stage pg; then
-  finetune pg --criterion pg --pg-task-loss sbleu --pg-samples 4 --pg-post-process subword_nmt
+  finetune pg "${RISK[@]}" --criterion pg --pg-task-loss sbleu --pg-samples 4 --pg-post-process subword_nmt
   stage_done pg
 fi
 
@@ -117,14 +112,14 @@ LSTM=(--arch lstm --encoder-layers 1 --decoder-layers 1 --encoder-bidirectional 
   "${BLEU_VALID[@]}")
 if stage lstm_ce; then
   # shellcheck disable=SC2086
-  train lstm_ce "${LSTM[@]}" --criterion differentiable_scheduled_sampling --dss-warmup 1e12 \
+  train lstm_ce "$DATA" "${LSTM[@]}" --criterion differentiable_scheduled_sampling --dss-warmup 1e12 \
     --max-epoch "$LSTM_EPOCHS" ${EXTRA_LSTM:-}
   stage_done lstm_ce
 fi
 if stage dss; then
   # teacher forcing in epoch 1, then eps = k / (k + exp(t / k)) per epoch, alpha x2 per epoch (Table 3.1)
   # shellcheck disable=SC2086
-  train dss "${LSTM[@]}" --criterion differentiable_scheduled_sampling --dss-mode soft-argmax \
+  train dss "$DATA" "${LSTM[@]}" --criterion differentiable_scheduled_sampling --dss-mode soft-argmax \
     --dss-schedule inverse_sigmoid --dss-schedule-unit epoch --dss-warmup 1 --dss-decay-k 10 --dss-alpha 1 \
     --dss-alpha-growth 2 --max-epoch "$LSTM_EPOCHS" ${EXTRA_LSTM:-}
   stage_done dss
@@ -132,7 +127,7 @@ fi
 if stage soft_beam; then
   # chapter 4: fine-tune the CE model through the relaxed beam (k = 3), alpha annealed 1 -> 100
   # shellcheck disable=SC2086
-  train soft_beam "${LSTM[@]}" --finetune-from-model "$WORK/lstm_ce/checkpoint_best.pt" \
+  train soft_beam "$DATA" "${LSTM[@]}" --finetune-from-model "$WORK/lstm_ce/checkpoint_best.pt" \
     --criterion soft_beam_direct_loss --soft-beam-size 3 --soft-beam-alpha 1 \
     --soft-beam-alpha-schedule exponential --soft-beam-alpha-final 100 --soft-beam-alpha-updates 4000 \
     --normalization local --max-epoch "$FT_EPOCHS" ${EXTRA_LSTM:-}

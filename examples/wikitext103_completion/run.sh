@@ -52,16 +52,11 @@ EVAL_PREFIXES=${EVAL_PREFIXES:-0}
 RAW=$WORK/raw
 DATA=$WORK/data/bin
 LM=${LM:-$WORK/lm/checkpoint_best.pt}
-COMMON=(--user-dir fairseq_ext "${DEVICE[@]}" --no-epoch-checkpoints --log-format simple --log-interval 100 --seed 1)
 TASK=(--task text_completion --context-size 10 --skip-invalid-size-inputs-valid-test)
 GPT=(--arch transformer_lm_gpt --share-decoder-input-output-embed --optimizer adam --adam-betas '(0.9, 0.999)'
   --clip-norm 1.0)
 
-train() {  # STAGE DATA fairseq-train options...: train into WORK/STAGE (resumes from its checkpoint_last.pt)
-  local name=$1 data=$2; shift 2
-  # shellcheck disable=SC2086
-  run_log "$WORK/logs/$name.log" fairseq-train "$data" "${COMMON[@]}" "$@" --save-dir "$WORK/$name" ${EXTRA_TRAIN:-}
-}
+
 
 if stage download; then
   run mkdir -p "$RAW"
@@ -101,7 +96,7 @@ finetune() {  # STAGE task-loss options...
   local name=$1; shift
   # shellcheck disable=SC2086
   train "$name" "$DATA" "${TASK[@]}" "${GPT[@]}" --finetune-from-model "$LM" --lr 5e-5 --max-tokens 1024 \
-    --ddp-backend no_c10d --criterion mgs --mgs-candidates 4 --mgs-mixture 0.5 --mgs-alpha 1.0 --mgs-noise 1.0 \
+    --criterion mgs --mgs-candidates 4 --mgs-mixture 0.5 --mgs-alpha 1.0 --mgs-noise 1.0 \
     --mgs-noise-scale per_tensor --mgs-decoder greedy --mgs-max-len-ratio 1.3 --mgs-mle-clip 1.0 \
     --validate-interval-updates 100 --save-interval-updates 100 --keep-interval-updates 1 --patience 10 \
     --best-checkpoint-metric task_loss "$@" ${EXTRA_LM:-}
@@ -155,7 +150,7 @@ ebm() {  # variant model options...
   train "ebm_$v" "$EBM_DATA" "${T[@]}" "${FP16_ARGS[@]}" --arch residual_energy --energy-variant "$v" "$@" \
     --criterion residual_nce --optimizer adam --adam-betas '(0.9, 0.98)' --lr 1e-4 \
     --lr-scheduler cosine --warmup-updates 2000 --clip-norm 1.0 --batch-size 32 \
-    --update-freq "$(update_freq 8)" --max-update "$EBM_UPDATES" --ddp-backend no_c10d --find-unused-parameters \
+    --update-freq "$(update_freq 8)" --max-update "$EBM_UPDATES" --find-unused-parameters \
     ${EXTRA_EBM:-}
 }
 if stage ebm_unit; then ebm unit; stage_done ebm_unit; fi

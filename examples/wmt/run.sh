@@ -124,15 +124,13 @@ if stage cmlm; then
     # Mask-Predict's training command (facebookresearch/Mask-Predict README) in fairseq's
     # cmlm_transformer; 8192 tokens x 16 = 128k tokens per update, as its 16 GPUs
     # shellcheck disable=SC2086
-    run_log "$WORK/logs/cmlm.log" fairseq-train "$DATA" --user-dir fairseq_ext "${DEVICE[@]}" "${FP16_ARGS[@]}" \
-      --task translation_mh --noise random_mask --arch cmlm_transformer --share-all-embeddings \
-      --encoder-learned-pos --decoder-learned-pos --apply-bert-init --dropout 0.3 --weight-decay 0.01 \
-      --criterion nat_loss --label-smoothing 0.1 --length-loss-factor 0.1 --optimizer adam \
+    train cmlm "$DATA" "${FP16_ARGS[@]}" --task translation_mh --noise random_mask --arch cmlm_transformer \
+      --share-all-embeddings --encoder-learned-pos --decoder-learned-pos --apply-bert-init --dropout 0.3 \
+      --weight-decay 0.01 --criterion nat_loss --label-smoothing 0.1 --length-loss-factor 0.1 --optimizer adam \
       --adam-betas '(0.9, 0.999)' --adam-eps 1e-6 --lr 5e-4 --lr-scheduler inverse_sqrt --warmup-updates 10000 \
       --warmup-init-lr 1e-7 --stop-min-lr 1e-9 --max-tokens 8192 --update-freq "$(update_freq 16)" \
-      --max-update "$MAX_UPDATE" --ddp-backend legacy_ddp --fixed-validation-seed 7 --seed 1 \
-      --save-interval-updates 10000 --keep-interval-updates 5 --no-epoch-checkpoints --log-format simple \
-      --log-interval 100 --save-dir "$WORK/cmlm" ${EXTRA_TRAIN:-} ${EXTRA_CMLM:-}
+      --max-update "$MAX_UPDATE" --ddp-backend legacy_ddp --fixed-validation-seed 7 \
+      --save-interval-updates 10000 --keep-interval-updates 5 ${EXTRA_CMLM:-}
   fi
   stage_done cmlm
 fi
