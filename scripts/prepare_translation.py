@@ -129,14 +129,17 @@ def _apply_bpe(line: str) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir")
     p.add_argument("--src", required=True)
     p.add_argument("--tgt", required=True)
     p.add_argument("--train", nargs="+", required=True, help="training file templates with {l}")
     p.add_argument("--test", nargs="+", required=True, help="test file templates with {l} (.xml/.sgm or plain)")
-    p.add_argument("--valid", nargs="*", default=[], help="valid file templates (default: every --valid-every-th training pair)")
-    p.add_argument("--valid-every", type=int, default=23, help="with no --valid: pair n is valid when n %% N == 0 (IWSLT: 23, WMT: 100)")
+    p.add_argument("--valid", nargs="*", default=[],
+                   help="valid file templates (default: every --valid-every-th training pair)")
+    p.add_argument("--valid-every", type=int, default=23,
+                   help="with no --valid: pair n is valid when n %% N == 0 (fairseq's IWSLT'14 recipe: 23)")
     p.add_argument("--iwslt-tags", action="store_true", help="drop/strip the IWSLT metadata lines of training files")
     p.add_argument("--normalize", action="store_true", help="Moses punctuation normalization + non-printing removal")
     p.add_argument("--aggressive", action="store_true", help="Moses -a (aggressive hyphen splitting)")

@@ -77,13 +77,15 @@ def iwslt(real_data, tmp_path_factory):
     raw, m30k = tmp_path_factory.mktemp("iwslt_raw"), os.path.join(real_data, "multi30k")
     for lang in ("de", "en"):
         meta = ["<url>http://www.ted.com/talks/x.html</url>", "<keywords>talks, science</keywords>",
-                "<talkid>1</talkid>", f"<title>Talk title {lang}</title>", f"<description>Talk summary {lang}</description>"]
+                "<talkid>1</talkid>", f"<title>Talk title {lang}</title>",
+                f"<description>Talk summary {lang}</description>"]
         write(str(raw / f"train.tags.de-en.{lang}"), meta + lines(os.path.join(m30k, f"train.{lang}"))[:2300])
         test = lines(os.path.join(m30k, f"test.{lang}"))
         for k, name in enumerate(IWSLT_TEST):
             seg_file(str(raw / f"{name}.de-en.{lang}.xml"), test[50 * k:50 * (k + 1)])
     work = tmp_path_factory.mktemp("iwslt") / "work"
-    env = {"IWSLT_RAW": str(raw), "BPE_TOKENS": "500", "EXTRA_TRAIN": TWO_UPDATES, "EXTRA_TRANSFORMER": TINY_TRANSFORMER,
+    env = {"IWSLT_RAW": str(raw), "BPE_TOKENS": "500", "EXTRA_TRAIN": TWO_UPDATES,
+           "EXTRA_TRANSFORMER": TINY_TRANSFORMER,
            "EXTRA_LSTM": "--encoder-embed-dim 32 --encoder-hidden-size 32 --decoder-embed-dim 32 "
                          "--decoder-hidden-size 32 --decoder-out-embed-dim 32 --max-tokens 1000",
            "MODELS": "mle", "SPLITS": "test"}
@@ -180,7 +182,8 @@ def wmt(real_data, tmp_path_factory):
     # 30 updates at a high learning rate: an untrained length predictor asks for ~250-token
     # translations, and an MH epoch costs O(length^2) decoder positions per sentence
     env = {"WMT_RAW": str(raw), "BPE_TOKENS": "300", "EXTRA_TRAIN": "--max-update 30 --num-workers 0",
-           "EXTRA_CMLM": TINY_TRANSFORMER + " --lr 0.01 --warmup-updates 1 --warmup-init-lr 0.01 --length-loss-factor 1",
+           "EXTRA_CMLM": TINY_TRANSFORMER + " --lr 0.01 --warmup-updates 1 --warmup-init-lr 0.01"
+                                            " --length-loss-factor 1",
            "EXTRA_MH": "--mh-burn-in 1 --mh-epochs 1", "CHAINS": "2", "SUBSET": "20", "EVAL_SETS": "full"}
     proc = recipe(WMT, work, env=env)
     return work, proc.stdout

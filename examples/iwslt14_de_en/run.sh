@@ -77,7 +77,8 @@ BLEU_VALID=(--eval-bleu --eval-bleu-args '{"beam": 5, "max_len_a": 1.2, "max_len
 if stage mle; then
   # shellcheck disable=SC2086
   train mle "$DATA" "${TRANSFORMER[@]}" "${BLEU_VALID[@]}" --criterion label_smoothed_cross_entropy \
-    --label-smoothing 0.1 --max-tokens 4096 --update-freq "$(update_freq 1)" --max-epoch "$MLE_EPOCHS" ${EXTRA_TRANSFORMER:-}
+    --label-smoothing 0.1 --max-tokens 4096 --update-freq "$(update_freq 1)" --max-epoch "$MLE_EPOCHS" \
+    ${EXTRA_TRANSFORMER:-}
   stage_done mle
 fi
 
