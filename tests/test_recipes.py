@@ -16,6 +16,7 @@ import pytest
 from conftest import REPO, run_cli
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
+from prepare_translation import clean, read_raw  # noqa: E402
 from prepare_wikitext_completion import read_lines, split_articles  # noqa: E402
 
 IWSLT = "examples/iwslt14_de_en/run.sh"
@@ -160,6 +161,18 @@ def test_stage_selection_and_errors(tmp_path):
     out = recipe(WMT, tmp_path / "w", "--list").stdout
     assert out.split() == [w for s in ("download prepare binarize subset20 cmlm baselines mh score").split()
                            for w in (s, "-")]
+
+
+def test_clean_and_read_raw_follow_moses_and_fairseq(tmp_path):
+    pairs = [("a  b ", "x y"), ("a b c d", "x"), ("", "x"), ("a " * 6, "x " * 4), ("a " * 7, "x " * 7), ("a|b", "x")]
+    # clean-corpus-n.perl: squeeze, drop empty sides, lengths outside [1, 6], ratio above 1.5
+    assert clean(pairs, 1, 6, 1.5) == [("a b", "x y"), ("a a a a a a", "x x x x"), ("ab", "x")]
+    xml = tmp_path / "t.de.xml"
+    write(str(xml), ["<doc>", '<seg id="1">  It’s here  </seg>', "<title>no seg</title>", '<seg id="2">b</seg>'])
+    assert read_raw(str(xml), False) == ["It's here", "b"]
+    tags = tmp_path / "train.tags.de-en.de"
+    write(str(tags), ["<url>u</url>", "<talkid>3</talkid>", "<keywords>k</keywords>", "<title>T</title>", "text"])
+    assert read_raw(str(tags), True) == ["T", "text"]
 
 
 # --------------------------------------------------------------------------- WMT
