@@ -21,7 +21,9 @@ setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis"],
+        # the paper-scale recipes (examples/*/run.sh): Moses tokenization and subword-nmt BPE
+        "recipes": ["sacremoses", "subword-nmt"],
+        "test": ["pytest", "hypothesis", "sacremoses", "subword-nmt"],
         "plot": ["matplotlib"],
     },
 )

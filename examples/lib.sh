@@ -4,3 +4,182 @@
 throttle() {
   while [ "$(jobs -rp | wc -l)" -ge "$1" ]; do wait -n; done
 }
+
+# ---------------------------------------------------------------------------
+# Staged recipes (examples/iwslt14_de_en, examples/wmt, examples/wikitext103_completion)
+#
+#   RECIPE WORK_DIR [--stage NAME]... [--from NAME] [--to NAME] [--force] [--dry-run] [--list]
+#
+# A recipe is an ordered list of named stages (STAGES). By default every stage
+# runs, in order. --stage NAME (repeatable) runs only the named stages; --from /
+# --to run a contiguous range. A stage that finishes writes WORK_DIR/.stages/NAME;
+# a later call skips it ("done, skipped"), so a recipe is idempotent and resumes
+# at the first unfinished stage (fairseq-train itself resumes from the stage's
+# checkpoint_last.pt). --force reruns the selected stages. --dry-run prints every
+# command of the selected stages (already finished ones included) and runs
+# nothing. --list prints the stages and which are done.
+#
+# In the recipe:  STAGES=(a b c); PATH_VARS=(RAW_DIR); recipe_args "$@"
+#                 if stage a; then run ...; stage_done a; fi
+# ---------------------------------------------------------------------------
+
+# recipe_args ARGS...: parse the command line above (sets WORK, DRY_RUN, SELECTED); make
+# WORK and the environment variables named in PATH_VARS absolute; cd to the repository
+# root (so --user-dir fairseq_ext and scripts/ resolve); devices_init; WORKERS (CPU
+# count) and PYTHON defaults
+recipe_args() {
+  local from="" to="" only=() list=0 force=0
+  WORK="" DRY_RUN=0 FORCE=0
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --stage) only+=("${2:?--stage needs a name}"); shift ;;
+      --from) from=${2:?--from needs a name}; shift ;;
+      --to) to=${2:?--to needs a name}; shift ;;
+      --dry-run) DRY_RUN=1 ;;
+      --force) force=1 ;;
+      --list) list=1 ;;
+      -h|--help) recipe_usage; exit 0 ;;
+      -*) echo "$0: unknown option $1" >&2; recipe_usage >&2; exit 2 ;;
+      *) [ -z "$WORK" ] || { echo "$0: one WORK_DIR only, got '$WORK' and '$1'" >&2; exit 2; }; WORK=$1 ;;
+    esac
+    shift
+  done
+  [ -n "$WORK" ] || { recipe_usage >&2; exit 2; }
+  WORK=$(abspath "$WORK")
+  FORCE=$force
+  local name i lo=0 hi=$((${#STAGES[@]} - 1))
+  for name in "${only[@]}" $from $to; do stage_index "$name" > /dev/null; done
+  [ -z "$from" ] || lo=$(stage_index "$from")
+  [ -z "$to" ] || hi=$(stage_index "$to")
+  SELECTED=()
+  for i in "${!STAGES[@]}"; do
+    name=${STAGES[$i]}
+    if [ ${#only[@]} -gt 0 ]; then
+      [[ " ${only[*]} " == *" $name "* ]] && SELECTED+=("$name")
+    elif [ "$i" -ge "$lo" ] && [ "$i" -le "$hi" ]; then
+      SELECTED+=("$name")
+    fi
+  done
+  if [ "$list" = 1 ]; then
+    for name in "${STAGES[@]}"; do
+      printf '%-16s %s\n' "$name" "$([ -e "$WORK/.stages/$name" ] && echo done || echo -)"
+    done
+    exit 0
+  fi
+  [ "$DRY_RUN" = 1 ] || mkdir -p "$WORK/.stages"
+  for name in ${PATH_VARS[@]+"${PATH_VARS[@]}"}; do
+    [ -z "${!name:-}" ] || printf -v "$name" '%s' "$(abspath "${!name}")"
+  done
+  cd "$(dirname "${BASH_SOURCE[0]}")/.."
+  WORKERS=${WORKERS:-$(getconf _NPROCESSORS_ONLN)}
+  PYTHON=${PYTHON:-python}
+  devices_init
+}
+
+abspath() {  # PATH -> absolute (the recipes cd to the repository root)
+  case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac
+}
+
+# recipe_usage: the recipe's header comment (from line 2 to the first line that is not a comment)
+recipe_usage() {
+  sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"
+  echo "stages: ${STAGES[*]}"
+}
+
+stage_index() {  # NAME -> its position in STAGES (an unknown name is an error)
+  local i
+  for i in "${!STAGES[@]}"; do [ "${STAGES[$i]}" = "$1" ] && { echo "$i"; return 0; }; done
+  echo "$0: unknown stage '$1' (stages: ${STAGES[*]})" >&2
+  exit 2
+}
+
+# stage NAME: true when NAME is selected and (unless --force or --dry-run) not done yet
+stage() {
+  [[ " ${SELECTED[*]} " == *" $1 "* ]] || return 1
+  if [ -e "$WORK/.stages/$1" ] && [ "$FORCE" = 0 ]; then
+    if [ "$DRY_RUN" = 1 ]; then echo "# stage $1 (done; a real run skips it)"; return 0; fi
+    echo "==> stage $1: done, skipped"
+    return 1
+  fi
+  if [ "$DRY_RUN" = 1 ]; then echo "# stage $1"; else echo "==> $(date -u +%H:%M:%S) stage $1"; fi
+}
+
+stage_done() {  # NAME: mark it finished
+  [ "$DRY_RUN" = 1 ] || touch "$WORK/.stages/$1"
+}
+
+# quote ARGS...: the arguments as one shell line (single quotes where needed)
+quote() {
+  local out=() a
+  for a in "$@"; do
+    if [[ -z "$a" || "$a" =~ [^][A-Za-z0-9_./:=,@%+{}-] ]]; then out+=("'${a//\'/\'\\\'\'}'"); else out+=("$a"); fi
+  done
+  echo "${out[*]}"
+}
+
+# run CMD ARGS...: print the command under --dry-run, run it otherwise
+run() {
+  if [ "$DRY_RUN" = 1 ]; then quote "$@"; return 0; fi
+  "$@"
+}
+
+# run_log LOG CMD ARGS...: as run, with stdout and stderr to LOG; on failure show its end
+run_log() {
+  local log=$1; shift
+  if [ "$DRY_RUN" = 1 ]; then echo "$(quote "$@") > $(quote "$log") 2>&1"; return 0; fi
+  mkdir -p "$(dirname "$log")"
+  "$@" > "$log" 2>&1 || { echo "failed: $(quote "$@")" >&2; tail -n 30 "$log" >&2; return 1; }
+}
+
+# ---------------------------------------------------------------------------
+# Devices. NGPU: the number of GPUs, from the environment: $NGPU if set, else the
+# entries of $CUDA_VISIBLE_DEVICES if set, else `nvidia-smi -L`, else 0.
+# DEVICE: fairseq options for that count: --cpu (0), nothing (1), or
+# --distributed-world-size N (N > 1: fairseq starts one process per GPU);
+# GEN_DEVICE: the same for fairseq-generate and scripts (one device: --cpu or nothing).
+# FP16_ARGS: --fp16 when there is a GPU, unless FP16=0; stages whose paper used
+# mixed precision add it.
+# update_freq K: the --update-freq that keeps K x (one GPU's batch) per update on
+# NGPU GPUs (K / NGPU, at least 1), so an update sees the paper's batch.
+# ---------------------------------------------------------------------------
+detect_gpus() {
+  if [ -n "${NGPU:-}" ]; then
+    echo "$NGPU"
+  elif [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+    local v=${CUDA_VISIBLE_DEVICES// /}
+    if [ -z "$v" ] || [ "$v" = -1 ]; then echo 0; else echo "$v" | tr ',' '\n' | grep -c .; fi
+  elif command -v nvidia-smi > /dev/null 2>&1; then
+    nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true
+  else
+    echo 0
+  fi
+}
+
+devices_init() {
+  NGPU=$(detect_gpus)
+  [[ "$NGPU" =~ ^[0-9]+$ ]] || { echo "$0: NGPU must be a whole number, got '$NGPU'" >&2; exit 2; }
+  if [ "$NGPU" = 0 ]; then DEVICE=(--cpu)
+  elif [ "$NGPU" = 1 ]; then DEVICE=()
+  else DEVICE=(--distributed-world-size "$NGPU"); fi
+  GEN_DEVICE=()
+  [ "$NGPU" != 0 ] || GEN_DEVICE=(--cpu)
+  FP16_ARGS=()
+  [ "$NGPU" = 0 ] || [ "${FP16:-1}" = 0 ] || FP16_ARGS=(--fp16)
+  echo "# $(basename "$0"): $NGPU GPU(s): ${DEVICE[*]:-(one GPU)} ${FP16_ARGS[*]:-}; work dir $WORK"
+}
+
+# train STAGE DATA OPTIONS...: fairseq-train into WORK/STAGE, log WORK/logs/STAGE.log, with
+# the device options and --update-epoch-batch-itr True (a resumed run sees the batches an
+# uninterrupted one would: docs/distributed.md); EXTRA_TRAIN is appended last
+train() {
+  local name=$1 data=$2; shift 2
+  # shellcheck disable=SC2086
+  run_log "$WORK/logs/$name.log" fairseq-train "$data" --user-dir fairseq_ext "${DEVICE[@]}" \
+    --update-epoch-batch-itr True --no-epoch-checkpoints --log-format simple --log-interval 100 --seed 1 "$@" \
+    --save-dir "$WORK/$name" ${EXTRA_TRAIN:-}
+}
+
+update_freq() {  # K -> max(1, K / NGPU)
+  local n=$(( NGPU > 0 ? $1 / NGPU : $1 ))
+  echo $(( n > 0 ? n : 1 ))
+}

@@ -40,6 +40,13 @@ def lines(out, tag):
     return [line.split("\t") for line in out.splitlines() if line.startswith(tag + "-")]
 
 
+def test_generate_with_post_processing_runs_every_batch(toy_bin, cmlm):
+    # --post-process makes fairseq-generate add the detokenized words it prints to the
+    # target dictionary; the sampler must keep the model's vocabulary (4 batches of 12)
+    out = generate(toy_bin, cmlm, "--post-process", "sentencepiece", "--mh-burn-in", "1", "--mh-epochs", "1")
+    assert len(lines(out, "H")) == 40
+
+
 def test_batched_energies_equal_one_decoder_pass_per_masked_position(toy_bin, cmlm):
     from fairseq import checkpoint_utils
 

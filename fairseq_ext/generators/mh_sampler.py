@@ -46,11 +46,13 @@ def cmlm_logits_fn(model, encoder_out) -> mcmc.LogitsFn:
     return logits_fn
 
 
-def forbidden_symbols(tgt_dict, device=None) -> Tensor:
-    """(V,) bool: BOS, padding, EOS, the mask (unk) and ``madeupword`` padding entries."""
-    out = torch.zeros(len(tgt_dict), dtype=torch.bool, device=device)
+def forbidden_symbols(tgt_dict, device=None, size: Optional[int] = None) -> Tensor:
+    """(V,) bool: BOS, padding, EOS, the mask (unk) and ``madeupword`` padding entries
+    among the first ``size`` (default: all) entries of the dictionary."""
+    size = len(tgt_dict) if size is None else size
+    out = torch.zeros(size, dtype=torch.bool, device=device)
     out[: tgt_dict.nspecial] = True
-    for i in range(tgt_dict.nspecial, len(tgt_dict)):
+    for i in range(tgt_dict.nspecial, size):
         if tgt_dict[i].startswith("madeupword"):
             out[i] = True
     return out
@@ -80,6 +82,9 @@ class MHSampler:
         check_cmlm(models[0])
         self.cfg = check_options(cfg, chains, init)
         self.tgt_dict = tgt_dict
+        # the model's output vocabulary: fairseq-generate with --post-process / --remove-bpe adds the
+        # detokenized words of every printed hypothesis to tgt_dict (encode_line(add_if_not_exist=True))
+        self.vocab_size = len(tgt_dict)
         self.chains = chains
         self.init = init
         self.stats_file = stats_file
@@ -115,7 +120,7 @@ class MHSampler:
         model.eval()
         src_tokens = sample["net_input"]["src_tokens"]
         encoder_out = model.forward_encoder([src_tokens, sample["net_input"]["src_lengths"]])
-        forbidden = forbidden_symbols(self.tgt_dict, src_tokens.device)
+        forbidden = forbidden_symbols(self.tgt_dict, src_tokens.device, self.vocab_size)
         gen = batch_generator(self.seed, sample["id"])  # the same draws in any shard (--num-shards)
         tokens, free, owner = self.initial_states(model, encoder_out, src_tokens, forbidden, gen)
         logits_fn = cmlm_logits_fn(model, encoder_out)
