@@ -49,7 +49,7 @@ NGRAM_ORDERS = (2, 3, 4)
 
 @torch.no_grad()
 def evaluate(task, energy_model, split: str, n: int, batch_size: int, max_prefixes: int, seed: int,
-             range_ns: Sequence[int] = ()) -> Tuple[dict, List[dict]]:
+             range_ns: Sequence[int] = (), device: str = "cpu") -> Tuple[dict, List[dict]]:
     """Returns the summary (perplexities, ranges by k, repetition, mean log-likelihoods)
     and one record per block (continuations, their log-likelihoods and energies)."""
     if n < 2:
@@ -58,14 +58,16 @@ def evaluate(task, energy_model, split: str, n: int, batch_size: int, max_prefix
     if ks[0] < 2 or ks[-1] > n:
         raise ValueError(f"--range-ns must lie in [2, --num-samples = {n}], got {list(range_ns)}")
     cfg = task.cfg
-    lm, p, length = task.base_lm, cfg.prefix_len, cfg.continuation_len
+    lm, p, length = task.base_lm.to(device), cfg.prefix_len, cfg.continuation_len
+    energy_model = energy_model.to(device)
     blocks = task.load_blocks(split)[: max_prefixes or None]
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)
     log_z_sampler = JointSampler(lm, length, n, topk=0, energy_batch_size=cfg.energy_batch_size, generator=g)
     joint_sampler = JointSampler(lm, length, cfg.joint_samples, cfg.joint_topk,
                                  energy_batch_size=cfg.energy_batch_size, generator=g)
     cols: Dict[str, List[torch.Tensor]] = {k: [] for k in ("conts", "lm_lp", "energy", "lower", "upper")}
     for chunk in blocks.split(batch_size):
+        chunk = chunk.to(device)
         prefixes = chunk[:, :p]
         conts, energy = log_z_sampler.propose(energy_model, prefixes)
         bounds = [log_z_estimates(energy[:, :k]) for k in ks]
@@ -79,7 +81,7 @@ def evaluate(task, energy_model, split: str, n: int, batch_size: int, max_prefix
         cols["energy"].append(torch.cat([energy_model(chunk)[:, None], energy[:, :1], energy.gather(1, pick)], 1))
         cols["lower"].append(torch.stack([b[0] for b in bounds], 1))  # (B, K)
         cols["upper"].append(torch.stack([b[1] for b in bounds], 1))
-    c = {k: torch.cat(v) for k, v in cols.items()}
+    c = {k: torch.cat(v).cpu() for k, v in cols.items()}
     joint_lp = joint_log_prob(c["lm_lp"], c["energy"], c["lower"][:, -1:])  # (N, 3), lower log Z at n
     num = len(blocks)
     tokens = num * length
@@ -217,8 +219,9 @@ def main(argv=None) -> None:
         raise ValueError("eval_residual takes one energy model (--path)")
     model = models[0].eval()
     torch.manual_seed(args.seed)
+    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     res, records = evaluate(task, model, args.gen_subset, args.num_samples, args.batch_size or 8, args.max_prefixes,
-                            args.seed, range_ns)
+                            args.seed, range_ns, device)
     print(report(res))
     if not all(math.isfinite(v) for v in res.values() if isinstance(v, float)):
         print("warning: non-finite values", file=sys.stderr)

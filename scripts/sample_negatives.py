@@ -6,7 +6,8 @@ For every (prefix, continuation) block of each split (task ``residual_lm``), dra
 ``--topk`` > 0) and write ``{out-dir}/{split}.negatives.pt``: ``tokens`` (N, n, L)
 aligned with the blocks, ``lm_log_prob`` (N, n) their untruncated base-LM
 log-probabilities, ``pos_lm_log_prob`` (N,) that of the human continuation, and
-the settings (prefix_len, continuation_len, topk, base_lm, seed).
+the settings (prefix_len, continuation_len, topk, base_lm, seed). Runs on the GPU
+when one is visible (``--cpu`` to stay on the CPU; the random stream differs).
 
     python scripts/sample_negatives.py DATA --base-lm LM.pt --splits train,valid \
         --num-samples 8 --topk 0 [--prefix-len 24 --continuation-len 8 --out-dir DIR]
@@ -34,10 +35,11 @@ def main(argv=None) -> None:
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
     task = tasks.setup_task(args)
-    lm = task.base_lm
+    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"  # GPU unless --cpu
+    lm = task.base_lm.to(device)
     out_dir = args.out_dir or task.cfg.negatives_dir or args.data.split(":")[0]
     os.makedirs(out_dir, exist_ok=True)
-    g = torch.Generator().manual_seed(args.seed)
+    g = torch.Generator(device=device).manual_seed(args.seed)
     torch.manual_seed(args.seed)
     p, length = task.cfg.prefix_len, task.cfg.continuation_len
     for split in args.splits.split(","):
@@ -45,10 +47,11 @@ def main(argv=None) -> None:
         start = time.time()
         tokens, lps, pos_lps = [], [], []
         for chunk in blocks.split(args.sample_batch_size):
+            chunk = chunk.to(device)
             conts = sample_continuations(lm, chunk[:, :p], length, args.num_samples, args.topk, generator=g)
-            tokens.append(conts.int())
-            lps.append(lm_log_prob(lm, with_prefixes(chunk[:, :p], conts), p).sum(1).view(-1, args.num_samples))
-            pos_lps.append(lm_log_prob(lm, chunk, p).sum(1))
+            tokens.append(conts.int().cpu())
+            lps.append(lm_log_prob(lm, with_prefixes(chunk[:, :p], conts), p).sum(1).view(-1, args.num_samples).cpu())
+            pos_lps.append(lm_log_prob(lm, chunk, p).sum(1).cpu())
         path = os.path.join(out_dir, f"{split}.negatives.pt")
         torch.save({"tokens": torch.cat(tokens), "lm_log_prob": torch.cat(lps), "pos_lm_log_prob": torch.cat(pos_lps),
                     "prefix_len": p, "continuation_len": length, "topk": args.topk,
