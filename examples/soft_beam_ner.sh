@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # Continuous relaxation of beam search on CoNLL-2003 NER (Goyal thesis Table 4.2
 # layout, and the normalisation / initialisation comparison of Tables 5.1-5.3),
-# CPU scale.
+# or on CoNLL-2003 POS with TAG_COLUMN=pos (the stand-in for the thesis's CCG
+# supertagging: Table 4.1 layout, and Tables 5.2-5.3 with ENCODER=uni / bi), CPU
+# scale.
 #
 # Pre-training (PRE_EPOCHS epochs, lr 0.005): `ce` (cross-entropy; or the
 # checkpoint CE_CKPT, %s = seed) and `sn` (self_normalized_ce, lambda 0.1).
 # Fine-tuning from one of them (FT_EPOCHS epochs, lr 0.001, fresh optimizer,
-# update counter and epoch count; --hamming-weights O=2.0; k = 3):
+# update counter and epoch count; k = 3; NER only: --hamming-weights O=2.0):
 #   hinge_annealed, hinge_fixed, dl_fixed, dl_annealed   from ce, local scores
 #   ce_global                                            from ce, global scores
 #   sn_local, sn_global                                  from sn
+#   ce_ft: cross-entropy fine-tuning from ce (the control: as many more updates
+#   at the lower lr, no search)
 # "annealed": alpha 1 -> ALPHA_FINAL geometrically over ALPHA_UPDATES updates,
 # then held; "fixed": alpha 1. Every run keeps the checkpoint with the best
-# greedy dev F1 (--eval-tagging). Each model is decoded on dev and test greedy
-# (--beam 1), with the hard beam (k = 3) and the soft beam (k = 3, alpha = the
-# run's final training alpha; 1 for the pre-trained models), scoring under the
-# run's normalisation (global for *_global); F1 with conlleval semantics.
+# greedy dev F1 (NER) or tag accuracy (POS) (--eval-tagging). Each model is
+# decoded on dev and test greedy (--beam 1), with the hard beam (k = 3) and the
+# soft beam (k = 3, alpha = the run's final training alpha; 1 for the
+# pre-trained models), scoring under the run's normalisation (global for
+# *_global); F1 with conlleval semantics (NER) or token accuracy (POS).
 # Also: log Z mean / variance of ce and sn on train and dev (Table 5.1).
 #
 # One training job at a time; the decodes of a model run in the background
@@ -25,7 +30,9 @@
 # env: FAIRSEQ_EXT_DATA (required), SEEDS ("1"), PRE_EPOCHS (10), FT_EPOCHS (3),
 #      ALPHA_FINAL (100), ALPHA_UPDATES (444, two epochs at --max-tokens 1000),
 #      CE_CKPT (e.g. /tmp/ner/work/ce.s%s/checkpoint_best.pt; default: train ce),
-#      DECODE_JOBS (1), ONLY (space-separated run names; default all)
+#      DECODE_JOBS (1), ONLY (space-separated run names; default all),
+#      TAG_COLUMN (ner | pos), ARCH (tagging_lstm_$TAG_COLUMN),
+#      ENCODER (bi | uni: --unidirectional, the label-bias ablation of section 5.4.2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . examples/lib.sh
@@ -39,13 +46,27 @@ ALPHA_UPDATES=${ALPHA_UPDATES:-444}
 CE_CKPT=${CE_CKPT:-}
 DECODE_JOBS=${DECODE_JOBS:-1}
 PYTHON=${PYTHON:-python}
+TAG_COLUMN=${TAG_COLUMN:-ner}
+ARCH=${ARCH:-tagging_lstm_$TAG_COLUMN}
+ENCODER=${ENCODER:-bi}
+case "$TAG_COLUMN" in
+  ner) BEST=f1; METRIC="F1 (micro, conlleval)"; HAMMING="--hamming-weights O=2.0" ;;
+  pos) BEST=tag_acc; METRIC="token accuracy"; HAMMING="" ;;
+  *) echo "TAG_COLUMN must be ner or pos" >&2; exit 2 ;;
+esac
+case "$ENCODER" in
+  bi) ENCODER_OPTS=() ;;
+  uni) ENCODER_OPTS=(--unidirectional) ;;
+  *) echo "ENCODER must be bi or uni" >&2; exit 2 ;;
+esac
 export OMP_NUM_THREADS=1
 D=$FAIRSEQ_EXT_DATA/conll2003
 mkdir -p "$WORK"
-TASK=(--user-dir fairseq_ext --task sequence_tagging --tag-column ner --cache-dir "$WORK/cache")
-COMMON=(--arch tagging_lstm_ner --optimizer adam --max-tokens 1000 --no-epoch-checkpoints --no-save-optimizer-state
-  --num-workers 0 --eval-tagging --best-checkpoint-metric f1 --maximize-best-checkpoint-metric --log-format simple)
-SB="--soft-beam-size 3 --hamming-weights O=2.0"
+TASK=(--user-dir fairseq_ext --task sequence_tagging --tag-column "$TAG_COLUMN" --cache-dir "$WORK/cache")
+COMMON=(--arch "$ARCH" "${ENCODER_OPTS[@]}" --optimizer adam --max-tokens 1000 --no-epoch-checkpoints
+  --no-save-optimizer-state --num-workers 0 --eval-tagging --best-checkpoint-metric "$BEST"
+  --maximize-best-checkpoint-metric --log-format simple)
+SB="--soft-beam-size 3 $HAMMING"
 FIXED="--soft-beam-alpha 1 --soft-beam-alpha-schedule fixed"
 ANNEALED="--soft-beam-alpha 1 --soft-beam-alpha-schedule exponential --soft-beam-alpha-final $ALPHA_FINAL
   --soft-beam-alpha-updates $ALPHA_UPDATES"
@@ -53,6 +74,7 @@ ANNEALED="--soft-beam-alpha 1 --soft-beam-alpha-schedule exponential --soft-beam
 # name -> "init|normalisation|soft-decoding alpha|criterion options"; init "-" = pre-training
 declare -A RUNS=(
   [ce]="-|local|1|--criterion cross_entropy"
+  [ce_ft]="ce|local|1|--criterion cross_entropy"
   [sn]="-|local|1|--criterion self_normalized_ce --self-norm-lambda 0.1"
   [hinge_annealed]="ce|local|$ALPHA_FINAL|--criterion soft_beam_hinge $SB $ANNEALED --normalization local"
   [hinge_fixed]="ce|local|1|--criterion soft_beam_hinge $SB $FIXED --normalization local"
@@ -62,11 +84,11 @@ declare -A RUNS=(
   [sn_local]="sn|local|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --normalization local"
   [sn_global]="sn|global|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --normalization global"
 )
-ORDER="ce dl_annealed dl_fixed hinge_annealed hinge_fixed ce_global sn sn_global sn_local"
+ORDER="ce ce_ft dl_annealed dl_fixed hinge_annealed hinge_fixed ce_global sn sn_global sn_local"
 ONLY=${ONLY:-$ORDER}
 
 # binarize once
-[ -d "$WORK/cache" ] || fairseq-train "$D" "${TASK[@]}" --arch tagging_lstm_ner --criterion cross_entropy \
+[ -d "$WORK/cache" ] || fairseq-train "$D" "${TASK[@]}" --arch "$ARCH" --criterion cross_entropy \
   --optimizer adam --max-tokens 1000 --max-update 1 --no-save --disable-validation --num-workers 0 \
   > "$WORK/prepare.log" 2>&1
 
@@ -127,13 +149,15 @@ for seed in $SEEDS; do
 done
 wait
 
-F1=(--suffix .greedy --suffix .hard --suffix .soft)
-echo "Table 4.2 layout: F1 (micro, conlleval), mean [min, max] over seeds"
-"$PYTHON" examples/dss_table.py "$WORK" "${F1[@]}" ce hinge_annealed hinge_fixed dl_fixed dl_annealed
-echo "Chapter 5: initialisation (ce, sn) x normalisation of the direct-loss fine-tuning, F1"
-"$PYTHON" examples/dss_table.py "$WORK" "${F1[@]}" ce dl_annealed ce_global sn sn_local sn_global
-echo "Macro F1 (the thesis's Table 4.2 metric)"
-"$PYTHON" examples/dss_table.py "$WORK" "${F1[@]}" --metric f1_macro $ORDER
+MODES=(--suffix .greedy --suffix .hard --suffix .soft)
+echo "Table 4.1 (POS) / 4.2 (NER) layout: $METRIC, mean [min, max] over seeds"
+"$PYTHON" examples/dss_table.py "$WORK" "${MODES[@]}" ce ce_ft hinge_annealed hinge_fixed dl_fixed dl_annealed
+echo "Chapter 5: initialisation (ce, sn) x normalisation of the direct-loss fine-tuning, $METRIC"
+"$PYTHON" examples/dss_table.py "$WORK" "${MODES[@]}" ce dl_annealed ce_global sn sn_local sn_global
+if [ "$TAG_COLUMN" = ner ]; then
+  echo "Macro F1 (the thesis's Table 4.2 metric)"
+  "$PYTHON" examples/dss_table.py "$WORK" "${MODES[@]}" --metric f1_macro $ORDER
+fi
 echo "Table 5.1 layout: log Z on train / dev"
 for f in "$WORK"/{ce,sn}.s*/logz.log; do
   [ -e "$f" ] && grep -o "valid on '[a-z]*' subset.*log_z_var [0-9.e+-]*" "$f" | sed "s|^|$(basename "$(dirname "$f")"): |"
