@@ -6,8 +6,15 @@
 # prefixes (k = 10, max length 500) scored with score.py: edit,
 # non-termination, repetition, average length; perplexity from fairseq-validate.
 #
+# With PROPOSALS set (e.g. "mixture zero mle"), the proposal ablation (Table 7)
+# replaces MGS-LM and MGS-edit: one MGS-LM run per --mgs-proposal, named
+# mgs_lm_<proposal>, and every model's perplexity comes with its greedy LM cost
+# (task_loss: NLL of the greedy continuation under the MLE model, decoding up to
+# 1.3 x the longest reference; scripts/validate_criterion.py).
+#
 # usage: examples/wikitext_completion.sh WORK_DIR
-# env: FAIRSEQ_EXT_DATA (required), MLE_UPDATES (600), FT_UPDATES (30), MAX_LEN (500)
+# env: FAIRSEQ_EXT_DATA (required), MLE_UPDATES (600), FT_UPDATES (30), MAX_LEN (500), PROPOSALS (unset),
+#      MGS_EXTRA (extra fine-tuning arguments, word-split, e.g. "--seed 2")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${1:?usage: $0 WORK_DIR}
@@ -40,19 +47,31 @@ finetune() {  # name, criterion args...
   fairseq-train "$WORK/data/bin" --user-dir fairseq_ext "${TASK[@]}" "${MODEL[@]}" \
     --restore-file "$WORK/mle/checkpoint_best.pt" --reset-optimizer --reset-dataloader --reset-meters \
     --reset-lr-scheduler --optimizer adam --lr 0.0005 --max-tokens 1024 --max-update "$FT_UPDATES" \
-    --save-dir "$WORK/$name" --disable-validation --log-interval 5 "$@" > "$WORK/$name.log" 2>&1
+    --save-dir "$WORK/$name" --disable-validation --log-interval 5 "$@" ${MGS_EXTRA:-} > "$WORK/$name.log" 2>&1
 }
-finetune mgs_lm --criterion mgs --mgs-task-loss lm --mgs-alpha 1
-finetune mgs_edit --criterion mgs --mgs-task-loss edit --mgs-alpha 1
+names=(mle)
+VALIDATE=(fairseq-validate)
+if [ -z "${PROPOSALS:-}" ]; then
+  finetune mgs_lm --criterion mgs --mgs-task-loss lm --mgs-alpha 1
+  finetune mgs_edit --criterion mgs --mgs-task-loss edit --mgs-alpha 1
+  names+=(mgs_lm mgs_edit)
+else
+  for proposal in $PROPOSALS; do
+    finetune "mgs_lm_$proposal" --criterion mgs --mgs-task-loss lm --mgs-alpha 1 --mgs-proposal "$proposal"
+    names+=("mgs_lm_$proposal")
+  done
+  VALIDATE=("$PYTHON" scripts/validate_criterion.py
+    "{'_name': 'mgs', 'mgs_task_loss': 'lm', 'mgs_score_model': '$WORK/mle/checkpoint_best.pt'}")
+fi
 
 rows=()
-for name in mle mgs_lm mgs_edit; do
+for name in "${names[@]}"; do
   ckpt="$WORK/$name/checkpoint_$([ "$name" = mle ] && echo best || echo last).pt"
   out="$WORK/gen_$name.out"
   [ -s "$out" ] || fairseq-generate "$WORK/data/bin" --user-dir fairseq_ext "${TASK[@]}" --path "$ckpt" \
     --gen-subset valid --beam 1 --batch-size 64 --max-len-b $((MAX_LEN + 10)) > "$out" 2> "$WORK/gen_$name.log"
   "$PYTHON" scripts/score.py "$out" --max-len "$MAX_LEN" --json "$WORK/scores_$name.json" > /dev/null 2>&1
-  fairseq-validate "$WORK/data/bin" --user-dir fairseq_ext "${TASK[@]}" --path "$ckpt" --valid-subset valid \
+  "${VALIDATE[@]}" "$WORK/data/bin" --user-dir fairseq_ext "${TASK[@]}" --path "$ckpt" --valid-subset valid \
     --max-tokens 4096 2>&1 | grep -E "valid on" | sed "s/^/$name: /" || true
   rows+=("$name=$WORK/scores_$name.json")
 done
