@@ -13,10 +13,14 @@ exactly as fairseq did before torch 2.6. Nothing else in the process changes: a
 load only checkpoints you trust.
 
 Without the plugin, run fairseq with ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``.
+
+Crash safety: ``patch_checkpoint_copies`` makes fairseq's copies of a checkpoint
+to ``checkpoint_last.pt`` / ``checkpoint_best.pt`` atomic (see its docstring).
 """
 import contextlib
 import functools
 import os
+import shutil
 from typing import Callable, Iterator
 
 _ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
@@ -55,3 +59,40 @@ def patch_checkpoint_loading() -> None:
         original = getattr(module, name, None)
         if original is not None and not getattr(original, "__fairseq_ext_trusting__", False):
             setattr(module, name, _trusting(original))
+
+
+def _atomic_copy(original: Callable) -> Callable:
+    """``PathManager.copy`` for local files that replaces ``dst`` atomically."""
+
+    def copy(src_path: str, dst_path: str, overwrite: bool = False):
+        if "://" in str(src_path) or "://" in str(dst_path):
+            return original(src_path, dst_path, overwrite=overwrite)
+        if not overwrite and os.path.exists(dst_path):
+            return False
+        tmp = f"{dst_path}.tmp"
+        with open(src_path, "rb") as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(tmp, dst_path)
+        return True
+
+    copy.__fairseq_ext_atomic__ = True
+    return copy
+
+
+def patch_checkpoint_copies() -> None:
+    """fairseq writes each checkpoint once (to a temporary file, then renamed) and
+    copies it to the other names (``checkpoint_last.pt``, ``checkpoint_best.pt``)
+    with a plain ``shutil.copyfile``: a run killed during that copy leaves a
+    truncated ``checkpoint_last.pt`` and cannot resume (``EOFError: Ran out of
+    input``; ``tests/test_robustness.py`` caught it). Within ``checkpoint_utils``
+    the copy now goes to ``DST.tmp`` and is renamed over ``DST``, so the previous
+    checkpoint stays whole until the new one is complete (idempotent)."""
+    from fairseq import checkpoint_utils
+
+    manager = checkpoint_utils.PathManager
+    if getattr(manager.copy, "__fairseq_ext_atomic__", False):
+        return
+    checkpoint_utils.PathManager = type("AtomicCopyPathManager", (manager,),
+                                        {"copy": staticmethod(_atomic_copy(manager.copy))})

@@ -86,3 +86,28 @@ def test_malformed_data_directories_are_named(tmp_path, toy_bin):
     proc = subprocess.run(proc.args, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and f"{empty}/train.txt:2: expected at least 2 columns" in proc.stderr, \
         proc.stderr[-2000:]
+
+
+def test_checkpoint_copies_replace_the_old_file_atomically(tmp_path, monkeypatch):
+    """fairseq copies each saved checkpoint to checkpoint_last.pt; a copy that dies
+    half-way (here: an exception after the first chunk) must leave the old file whole."""
+    import shutil
+
+    import fairseq_ext  # noqa: F401  (patches checkpoint_utils)
+    from fairseq import checkpoint_utils
+
+    src, dst = tmp_path / "checkpoint_1_3.pt", tmp_path / "checkpoint_last.pt"
+    src.write_bytes(b"new" * 100000)
+    dst.write_bytes(b"old checkpoint")
+
+    def dying_copy(fsrc, fdst, length=0):
+        fdst.write(fsrc.read(1000))
+        raise KeyboardInterrupt("killed during the copy")
+
+    monkeypatch.setattr(shutil, "copyfileobj", dying_copy)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint_utils.PathManager.copy(str(src), str(dst), overwrite=True)
+    assert dst.read_bytes() == b"old checkpoint"
+    monkeypatch.undo()
+    assert checkpoint_utils.PathManager.copy(str(src), str(dst), overwrite=True)
+    assert dst.read_bytes() == src.read_bytes()
