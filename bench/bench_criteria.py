@@ -36,9 +36,6 @@ from fairseq_ext import toy  # noqa: E402
 
 import timing  # noqa: E402  (bench/timing.py)
 
-TRANSFORMER = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
-               "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
-               "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
 ROWS = {
     "ce": ["--criterion", "cross_entropy"],
     "self_normalized_ce": ["--criterion", "self_normalized_ce"],
@@ -54,13 +51,12 @@ ROWS = {
 
 def build(data: str, quick: bool, device: torch.device):
     """(task, model, the criterions of ROWS) sharing one task and model."""
-    arch = [] if quick else TRANSFORMER
+    arch = [] if quick else timing.TRANSFORMER
     task, model, _ = toy.build_task_and_model(data, "translation", "transformer", arch + ["--dropout", "0.1"])
     crits = {}
     for row, extra in ROWS.items():
-        args = options.parse_args_and_arch(options.get_training_parser(),
-                                           [data, "--task", "translation", "--user-dir", os.path.join(REPO, "fairseq_ext")]
-                                           + toy.TINY_ARCHS["transformer"] + extra)
+        argv = [data, "--task", "translation", "--user-dir", os.path.join(REPO, "fairseq_ext")]
+        args = options.parse_args_and_arch(options.get_training_parser(), argv + toy.TINY_ARCHS["transformer"] + extra)
         crits[row] = task.build_criterion(args)
     return task, model.to(device).train(), crits
 

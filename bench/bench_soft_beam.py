@@ -46,9 +46,6 @@ from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss  # noqa: E402
 
 import timing  # noqa: E402  (bench/timing.py)
 
-TRANSFORMER = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
-               "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
-               "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
 BEAMS = (3, 5)
 
 
@@ -64,7 +61,8 @@ def build(name: str, tmp: str, quick: bool, batch_size: int, device: torch.devic
     else:
         raw = toy.write_toy_data(os.path.join(tmp, "raw"), sizes=(max(64, batch_size), 10, 10))
         data = toy.binarize_translation(raw, os.path.join(tmp, "bin"))
-        task, model, _ = toy.build_task_and_model(data, "translation", "transformer", [] if quick else TRANSFORMER)
+        arch = [] if quick else timing.TRANSFORMER
+        task, model, _ = toy.build_task_and_model(data, "translation", "transformer", arch)
     task.load_dataset("train")
     ds = task.dataset("train")
     sample = utils.apply_to_sample(lambda t: t.to(device), ds.collater([ds[i] for i in range(batch_size)]))
