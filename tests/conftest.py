@@ -57,14 +57,20 @@ def real_data():
     return path
 
 
+def cli_env(**overrides):
+    """The environment of a console command run by a test: the venv's bin first on
+    PATH, without TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD (the plugin must load checkpoints
+    by itself), plus ``overrides``."""
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    env.update(overrides)
+    return env
+
+
 def run_cli(args, cwd=None, env=None, timeout=600):
     """Run a console command with the venv's bin first on PATH; fail with its output."""
-    bindir = os.path.dirname(sys.executable)
-    full_env = dict(os.environ)
-    full_env["PATH"] = bindir + os.pathsep + full_env.get("PATH", "")
-    full_env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-    if env:
-        full_env.update(env)
+    full_env = cli_env(**(env or {}))
     proc = subprocess.run(args, cwd=cwd or REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"command failed ({proc.returncode}): {' '.join(args)}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
@@ -108,9 +114,7 @@ def assert_shards_make_one_run(cmd, shards=2, timeout=600):
     (``--num-shards N --shard-id i``, all at the same time); the shards must print
     disjoint, non-empty sets of sentences whose hypotheses together are the whole
     run's, line for line. Returns the whole run's hypotheses by id."""
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    env = cli_env(OMP_NUM_THREADS="1")
     cmds = [cmd] + [cmd + ["--num-shards", str(shards), "--shard-id", str(i)] for i in range(shards)]
     procs = [subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for c in cmds]

@@ -26,8 +26,6 @@ def _dumping_train_step(self, samples, raise_oom=False):
     if dump:
         state = {k: v.detach().clone() for k, v in self.get_model().state_dict().items()}
         torch.save(state, os.path.join(dump, f"rank{self.data_parallel_rank}.update{self.get_num_updates()}.pt"))
-        if os.environ.get("DUMP_SAMPLES"):
-            torch.save(samples, os.path.join(dump, f"rank{self.data_parallel_rank}.update{self.get_num_updates()}.samples.pt"))
     return out
 
 

@@ -34,7 +34,7 @@ import pytest
 import torch
 from fairseq.dataclass.configs import DatasetConfig
 
-from conftest import REPO
+from conftest import REPO, cli_env
 from fairseq_ext import toy
 from test_residual_ebm_cli import TASK as RESIDUAL_TASK
 from test_residual_ebm_cli import base_lm, negatives  # noqa: F401  (fixtures)
@@ -85,8 +85,7 @@ def mt(tmp_path_factory):
 
 
 def _env(dump=None, c10d=False):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    env = cli_env(OMP_NUM_THREADS="1")
     env.pop("DUMP_DIR", None)
     if dump:
         env["DUMP_DIR"] = dump

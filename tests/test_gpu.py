@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, cli_env
 from fairseq_ext import toy
 from fairseq_ext.core.mgs import ParameterSearch, ProposalConfig
 
@@ -29,8 +29,7 @@ PRECISIONS = {"fp16": ["--fp16"], "memory-efficient-fp16": ["--memory-efficient-
 
 def _train(data, out, extra):
     os.makedirs(out, exist_ok=True)
-    env = dict(os.environ, DUMP_DIR=str(out))
-    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    env = cli_env(DUMP_DIR=str(out))
     proc = subprocess.run([sys.executable, SCRIPT, data, "--user-dir", os.path.join(REPO, "fairseq_ext"),
                            "--task", "translation", *toy.TINY_ARCHS["transformer"], "--optimizer", "adam",
                            "--lr", "0.003", "--max-tokens", "400", "--max-update", "6", "--seed", "1",

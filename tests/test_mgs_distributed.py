@@ -4,14 +4,13 @@ gradient is the whole-batch gradient, and the update direction is bitwise the sa
 on both ranks. Also a two-process fairseq-train run (gloo, --distributed-no-spawn)."""
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import REPO
+from conftest import REPO, cli_env
 from fairseq_ext import toy
 
 TINY = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--criterion", "mgs", "--mgs-task-loss", "edit",
@@ -68,7 +67,7 @@ def test_two_process_fairseq_train(toy_bin, tmp_path):
               "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--seed", "1", "--num-workers", "0",
               "--no-epoch-checkpoints", "--log-format", "simple", "--optimizer", "adam", "--lr", "0.003",
               "--max-tokens", "1000"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    env = cli_env(OMP_NUM_THREADS="1")
     subprocess.run(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", "--max-update", "5", "--save-dir", str(mle)]
                    + common, cwd=REPO, env=env, check=True, capture_output=True)
     procs = [

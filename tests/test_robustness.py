@@ -2,16 +2,14 @@
 leaves a loadable checkpoint that resumes; a model a criterion cannot train, a
 missing scorer checkpoint or a malformed data directory stops the run with a clear
 message before the first training step."""
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, cli_env, run_cli
 from fairseq_ext import toy
 
 LM = ["--task", "language_modeling", "--tokens-per-sample", "32", "--max-tokens", "256"] + toy.TINY_ARCHS["transformer_lm"]
@@ -20,10 +18,7 @@ TRAIN = ["--user-dir", "fairseq_ext", "--optimizer", "adam", "--lr", "0.003", "-
 
 
 def _env():
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-    return env
+    return cli_env(OMP_NUM_THREADS="1")
 
 
 def test_killed_run_leaves_a_loadable_checkpoint_that_resumes(toy_bin, tmp_path):

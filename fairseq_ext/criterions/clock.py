@@ -7,6 +7,11 @@ restored update count after a resume). ``TrainingClock(task)`` wraps those two
 methods of the task instance to record both values, so schedules that are pure
 functions of them (``fairseq_ext.core.schedules``) continue exactly where a
 checkpoint left them, with any task.
+
+Two more pieces of criterion state tied to fairseq's training loop live here:
+``check_model_at_start`` (a model check at the first ``begin_epoch``, before any
+batch) and ``CheckpointedValue`` (a running value, PG's moving baseline, that a
+resumed run continues).
 """
 from fairseq.logging import metrics
 from fairseq.logging.meters import AverageMeter

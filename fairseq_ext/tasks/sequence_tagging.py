@@ -43,8 +43,8 @@ import torch
 from fairseq import metrics, utils
 from fairseq.data import Dictionary, LanguagePairDataset, data_utils, indexed_dataset
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from omegaconf import II
 from fairseq.tasks import FairseqTask, register_task
+from omegaconf import II
 
 from fairseq_ext.core.tagging_metrics import conlleval_counts, precision_recall_f1
 from fairseq_ext.generators.candidates import DecodeConfig, decode_candidates

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
-from omegaconf import II
 from fairseq.tasks import register_task
 from fairseq.tasks.translation_lev import TranslationLevenshteinConfig, TranslationLevenshteinTask
+from omegaconf import II
 
 from fairseq_ext.core import mcmc
 from fairseq_ext.generators.mh_sampler import INITS, MHSampler, check_options
