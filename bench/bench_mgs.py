@@ -34,8 +34,8 @@ through the criterion's own objects and ``fairseq_ext.core.mgs`` (the criterion 
 not modified): decode (one ``scorer.decode``) and score (one edit cost
 over the batch), each x (K + 1); the MLE gradient (``_mle_gradient`` + ``clip_grad_``);
 perturb/restore (entering and leaving ``ParameterSearch.perturbed(k)`` for the K
-candidates, including the one backup), of which ``draw`` is regenerating every
-Delta_k tensor (``piece``) alone; ``direction`` (uniform weights, all K pieces again);
+candidates, including the one backup), of which ``draw`` is drawing every
+eps_k tensor alone (into the scratch buffer, as the step does); ``direction`` (uniform weights, all K pieces again);
 the surrogate (building sum <p, -Delta> and its backward). ``other`` = step - parts
 (timed in different calls, so under a varying load it can come out negative).
 
@@ -171,7 +171,7 @@ def breakdown(model, sample: Dict, crit: MGSCriterion, args, device: torch.devic
         search = ParameterSearch(params, grads, crit.proposal, args.seed)
         for j in range(k):
             for i in range(len(params)):
-                search.piece(j, i)
+                search._noise(j, i, reuse=True)
 
     def direction():
         ParameterSearch(params, grads, crit.proposal, args.seed).direction(uniform)

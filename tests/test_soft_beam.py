@@ -21,7 +21,7 @@ from fairseq_ext.core.soft_beam import (
     soft_max_score,
 )
 from fairseq_ext.core.schedules import interpolated
-from fairseq_ext.generators.soft_beam import run_beam
+from fairseq_ext.generators.soft_beam import BeamGenerator, local_scores, run_beam
 from fairseq_ext.generators.soft_inputs import SoftReorder
 
 # ----------------------------------------------------------------- core
@@ -138,30 +138,45 @@ def _models(tagger, translators):
 
 @pytest.mark.parametrize("arch", ["transformer", "lstm", "tagging_lstm"])
 def test_one_hot_soft_reorder_equals_fairseq_reorder(arch, tagger, translators):
+    """Beams with different prefixes; a one-hot soft reorder must (1) equal fairseq's
+    reorder (``reorder_incremental_state_scripting``, what SequenceGenerator calls)
+    entry by entry, (2) actually move states (some entry changes), and (3) continue
+    each row as its chosen beam: the next step from the reordered state equals a
+    full, non-incremental pass over that beam's prefix plus the next token."""
     task, model, sample = _models(tagger, translators)[arch]
     decoder = model.decoder
     B, k = sample["target"].size(0), 3
+    V = len(task.target_dictionary)
     rows = torch.arange(B).repeat_interleave(k)
     net = sample["net_input"]
     enc = model.encoder.reorder_encoder_out(model.encoder(net["src_tokens"], src_lengths=net["src_lengths"]), rows)
-    prev = sample["target"][rows, :3].clamp_min(4)
+    g = torch.Generator().manual_seed(3)
+    prev = torch.randint(4, V, (B * k, 3), generator=g)
     state = {}
-    for t in range(3):
-        decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
-    torch.manual_seed(3)
-    choice = torch.randint(0, k, (B * k,))
+    with torch.no_grad():
+        for t in range(3):
+            decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+    choice = torch.randint(0, k, (B * k,), generator=g)
     order = rows * k + choice
+    before = {key: {sub: v.clone() for sub, v in value.items() if isinstance(v, torch.Tensor)}
+              for key, value in state.items()}
     soft_state = {key: dict(v) for key, v in state.items()}
     SoftReorder(decoder)(soft_state, torch.nn.functional.one_hot(choice, k).float(), B)
-    decoder.reorder_incremental_state(state, order)
+    decoder.reorder_incremental_state_scripting(state, order)
     assert state.keys() == soft_state.keys()
-    compared = 0
+    compared, moved = 0, 0
     for key in state:
         for sub, value in state[key].items():
             if isinstance(value, torch.Tensor):
                 assert torch.equal(value, soft_state[key][sub]), (key, sub)
                 compared += 1
-    assert compared >= 2
+                moved += int(value.shape != before[key][sub].shape or not torch.equal(value, before[key][sub]))
+    assert compared >= 2 and moved >= 1
+    nxt = torch.cat([prev.index_select(0, order), torch.randint(4, V, (B * k, 1), generator=g)], dim=1)
+    with torch.no_grad():
+        stepped = decoder(nxt, encoder_out=enc, incremental_state=soft_state)[0][:, -1]
+        full = decoder(nxt, encoder_out=enc)[0][:, -1]
+    assert torch.allclose(stepped, full, atol=1e-4), (stepped - full).abs().max()
 
 
 def test_hard_beam_equals_fairseq_beam_search(tagger):
@@ -234,6 +249,106 @@ def test_global_scores_are_the_raw_logits(tagger):
     alive = torch.isfinite(base["local"].scores)
     assert torch.allclose(shifted["local"].scores[alive], base["local"].scores[alive], atol=1e-5)
     assert torch.allclose(shifted["global"].scores[alive], base["global"].scores[alive] + 5.0, atol=1e-4)
+
+
+# ----------------------------------------------------------------- open length (translation)
+
+
+def _teacher_forced(model, src, src_lengths, tokens, normalization, pad, eos):
+    """Sum over the non-pad positions of f(token) for each row of ``tokens`` (N, T)."""
+    n = tokens.size(0)
+    prev = torch.cat([torch.full((n, 1), eos), tokens[:, :-1]], dim=1).masked_fill(
+        torch.cat([torch.zeros(n, 1, dtype=torch.bool), tokens[:, :-1].eq(pad)], dim=1), eos)
+    enc = model.encoder(src.expand(n, -1), src_lengths=src_lengths.expand(n))
+    f = local_scores(model.decoder(prev, encoder_out=enc)[0], normalization)
+    return f.gather(-1, tokens.clamp_min(0).unsqueeze(-1)).squeeze(-1).masked_fill(tokens.eq(pad), 0.0).sum(-1)
+
+
+@pytest.mark.parametrize("normalization", ["local", "global"])
+def test_open_length_hard_beam_is_exact_search_when_it_holds_every_hypothesis(normalization, translators):
+    """An enumerable toy: with a length limit of 3 (EOS included), a random-weight
+    transformer has (V - 2)(V - 1) hypotheses (no pad, no EOS first, EOS last); a
+    beam that large is exhaustive search, so its k best ended hypotheses must be the
+    top of the brute-force ranking of all of them, in order, with their summed
+    scores, under local and under raw (global) scores."""
+    task, model, sample = translators["transformer"]
+    d = task.target_dictionary
+    V, pad, eos = len(d), d.pad(), d.eos()
+    net = {key: value[:1] for key, value in sample["net_input"].items() if key != "prev_output_tokens"}
+    words = torch.tensor([w for w in range(V) if w not in (pad, eos)])
+    two = torch.stack([words, torch.full_like(words, eos), torch.full_like(words, pad)], dim=1)
+    first, second = torch.cartesian_prod(words, words).unbind(1)
+    three = torch.stack([first, second, torch.full_like(first, eos)], dim=1)
+    every = torch.cat([two, three])
+    assert every.size(0) == (V - 2) * (V - 1)
+    with torch.no_grad():
+        brute = _teacher_forced(model, net["src_tokens"], net["src_lengths"], every, normalization, pad, eos)
+        result = run_beam(model, net, torch.tensor([3]), every.size(0), normalization=normalization, hard=True,
+                          stop_at_eos=True)
+    top = brute.topk(5)
+    assert torch.allclose(result.scores[0, :5], top.values, atol=1e-4)
+    assert torch.equal(result.tokens[0, :5], every[top.indices])
+    assert torch.isfinite(result.scores).all()  # every hypothesis ended within the limit
+
+
+def test_open_length_beam_scores_are_summed_and_hypotheses_end_with_eos(translators):
+    """BeamGenerator with a length limit (translation): every hypothesis ends with
+    EOS within the limit, contains no pad, and its score is the teacher-forced sum
+    of its positional scores (hard beam: no length normalisation), local and global."""
+    task, model, sample = translators["transformer"]
+    d = task.target_dictionary
+    for normalization in ("local", "global"):
+        gen = BeamGenerator([model], d, beam=3, normalization=normalization, soft=False, max_len_a=1.0, max_len_b=3)
+        hyps = gen.generate([model], sample)
+        src_len = sample["net_input"]["src_tokens"].ne(d.pad()).sum(1)
+        for b, nbest in enumerate(hyps):
+            assert len(nbest) == 3
+            scores = [float(h["score"]) for h in nbest]
+            assert scores == sorted(scores, reverse=True)
+            for h in nbest:
+                tokens = h["tokens"]
+                assert tokens[-1] == d.eos() and not tokens[:-1].eq(d.eos()).any() and not tokens.eq(d.pad()).any()
+                assert len(tokens) <= int(src_len[b]) + 3
+                assert float(h["positional_scores"].sum()) == pytest.approx(float(h["score"]), abs=1e-3)
+
+
+def test_fairseq_generate_translation_search(toy_bin, tmp_path):
+    """--task translation_search through fairseq-generate on a trained tiny
+    transformer: beam 1 of our hard search is fairseq's greedy output, beam 3 is
+    fairseq's --unnormalized beam search on this model (the two searches treat
+    finished hypotheses differently, so in general they may differ); soft beam
+    decoding at alpha 1e9 prints the hard beam's hypotheses; printed scores are the
+    sums of the printed positional scores (no length normalisation); shards make
+    one run; the global (raw-logit) search runs."""
+    user = ["--user-dir", os.path.join(REPO, "fairseq_ext")]
+    run_cli(["fairseq-train", toy_bin, *user, "--task", "translation", *toy.TINY_ARCHS["transformer"],
+             "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "0.01", "--max-tokens", "400",
+             "--max-update", "150", "--num-workers", "0", "--save-dir", str(tmp_path / "ck"), "--no-epoch-checkpoints",
+             "--disable-validation", "--seed", "1"])
+    base = ["fairseq-generate", toy_bin, *user, "--task", "translation_search", "--path",
+            str(tmp_path / "ck" / "checkpoint_last.pt"), "--gen-subset", "valid", "--batch-size", "16"]
+    outs, hyps = {}, {}
+    for name, extra in (("fairseq1", ["--beam", "1"]), ("hard1", ["--beam", "1", "--translation-search", "hard"]),
+                        ("fairseq3", ["--beam", "3", "--unnormalized"]),
+                        ("hard3", ["--beam", "3", "--translation-search", "hard"]),
+                        ("soft3", ["--beam", "3", "--translation-search", "soft", "--search-alpha", "1e9"]),
+                        ("global3", ["--beam", "3", "--translation-search", "hard", "--search-normalization",
+                                     "global", "--max-len-b", "20"])):
+        outs[name] = run_cli(base + extra).stdout
+        hyps[name] = {l.split("\t")[0]: l.split("\t")[2] for l in outs[name].splitlines() if l.startswith("H-")}
+    assert len(hyps["fairseq1"]) == 40
+    assert hyps["hard1"] == hyps["fairseq1"]
+    assert hyps["hard3"] == hyps["fairseq3"]
+    assert hyps["soft3"] == hyps["hard3"] and hyps["hard3"] != hyps["hard1"]
+    assert hyps["global3"].keys() == hyps["fairseq1"].keys()
+    for name in ("hard3", "global3"):
+        lines = outs[name].splitlines()
+        scores = {l.split("\t")[0][2:]: float(l.split("\t")[1]) for l in lines if l.startswith("H-")}
+        positional = {l.split("\t")[0][2:]: sum(map(float, l.split("\t")[1].split())) for l in lines
+                      if l.startswith("P-")}
+        assert scores.keys() == positional.keys()
+        assert all(abs(scores[i] - positional[i]) < 1e-2 * max(1.0, abs(scores[i])) for i in scores)
+    assert_shards_make_one_run(base + ["--beam", "3", "--translation-search", "soft", "--search-alpha", "1"])
 
 
 # ----------------------------------------------------------------- through fairseq-train

@@ -20,8 +20,14 @@ from a per-(seed, k) generator, the Gaussian noise of tensor i from a
 per-(seed, k, i) generator. ``ParameterSearch.perturbed(k)`` adds Delta_k to the
 parameters in place, one tensor at a time, and restores them bitwise from a single
 backup copy; ``direction`` regenerates every Delta_k tensor by tensor. Extra
-memory is one copy of the parameters (the backup) plus one tensor, whatever K.
+memory is one copy of the parameters (the backup) plus one scratch tensor the size
+of the largest parameter (every draw is written into it), whatever K.
 Workers that share the seed draw identical directions.
+
+Speed: the fixed cost of an update in parameter space is 2K Gaussian draws of
+the parameter vector (K to perturb, K to regenerate) plus a few passes over it;
+norms are float32 dot products (a float64 copy of every gradient cost as much as
+two draws).
 """
 import contextlib
 import math
@@ -93,12 +99,21 @@ def noise_scales(grads: Sequence[Tensor], noise: float, mode: str) -> List[float
         total = sum(float(g.abs().sum()) for g in grads)
         count = sum(g.numel() for g in grads)
         return [noise * total / max(count, 1)] * len(grads)
-    return [noise * float(g.abs().mean()) if g.numel() else 0.0 for g in grads]
+    return [noise * float(torch.linalg.vector_norm(g, 1)) / g.numel() if g.numel() else 0.0 for g in grads]
+
+
+def sq_norm(t: Tensor) -> float:
+    """||t||^2 as a Python float: one float32 dot product, no copy of ``t``
+    (half-precision tensors are upcast)."""
+    flat = t.reshape(-1)
+    if flat.dtype != torch.float32:
+        flat = flat.float()
+    return float(torch.dot(flat, flat))
 
 
 def clip_grad_(grads: Sequence[Tensor], max_norm: float) -> float:
     """Scale ``grads`` in place to L2 norm <= max_norm (<= 0: no clipping); returns the norm before."""
-    norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads))
+    norm = math.sqrt(sum(sq_norm(g) for g in grads))
     if max_norm > 0 and norm > max_norm:
         scale = max_norm / (norm + 1e-6)
         for g in grads:
@@ -148,7 +163,8 @@ class ParameterSearch:
         self.sigmas = noise_scales(self.grads, cfg.noise, cfg.noise_scale)
         self.is_mle = [self._component(k) for k in range(cfg.num_candidates)]
         self._backup: Optional[List[Tensor]] = None
-        self._gg = [float(g.double().pow(2).sum()) for g in self.grads]
+        self._scratch: Optional[Tensor] = None
+        self._gg = [sq_norm(g) for g in self.grads]
 
     def _component(self, k: int) -> bool:
         """True if candidate k is drawn from the MLE component."""
@@ -159,14 +175,24 @@ class ParameterSearch:
         g = torch.Generator().manual_seed(mix_seed(self.seed, k, 0x6D6978))
         return bool(torch.rand((), generator=g) >= self.cfg.mixture)
 
-    def _noise(self, k: int, i: int) -> Tensor:
-        """eps_{k,i} ~ N(0, I) of tensor i's shape, from its own (seed, k, i) generator."""
+    def _noise(self, k: int, i: int, reuse: bool = False) -> Tensor:
+        """eps_{k,i} ~ N(0, I) of tensor i's shape, from its own (seed, k, i) generator
+        (float32 draws, cast to the parameter's dtype). ``reuse``: written into the
+        shared scratch buffer (valid until the next reusing draw) instead of a new
+        tensor; the same numbers either way."""
         p = self.params[i]
         gen = torch.Generator(device=p.device).manual_seed(mix_seed(self.seed, k, i))
-        return torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32).to(p.dtype)
+        if reuse:
+            if self._scratch is None:
+                size = max(q.numel() for q in self.params)
+                self._scratch = torch.empty(size, device=p.device, dtype=torch.float32)
+            eps = self._scratch[: p.numel()].view(p.shape).normal_(generator=gen)
+        else:
+            eps = torch.empty(p.shape, device=p.device, dtype=torch.float32).normal_(generator=gen)
+        return eps.to(p.dtype)
 
     def piece(self, k: int, i: int) -> Tensor:
-        """Delta_k restricted to tensor i: -g_i [MLE component] + sigma_i * eps_{k,i}."""
+        """Delta_k restricted to tensor i: -g_i [MLE component] + sigma_i * eps_{k,i} (a new tensor)."""
         delta = self._noise(k, i).mul_(self.sigmas[i])
         if self.is_mle[k]:
             delta.sub_(self.grads[i].to(delta.dtype))
@@ -192,11 +218,11 @@ class ParameterSearch:
         if self._backup is None:
             self._backup = [p.detach().clone() for p in self.params]
         mle = self.is_mle[k]
-        logn_zero, logn_mle, sq_norm = 0.0, 0.0, 0.0
+        logn_zero, logn_mle, sq_total = 0.0, 0.0, 0.0
         try:
             with torch.no_grad():
                 for i, p in enumerate(self.params):
-                    eps = self._noise(k, i)
+                    eps = self._noise(k, i, reuse=True)
                     s, g = self.sigmas[i], self.grads[i]
                     flat = eps.view(-1)
                     ee = float(torch.dot(flat, flat))
@@ -204,7 +230,7 @@ class ParameterSearch:
                     own = s * s * ee
                     other = own + (-2.0 if mle else 2.0) * s * eg + self._gg[i]
                     sq_zero, sq_mle = (other, own) if mle else (own, other)
-                    sq_norm += sq_zero
+                    sq_total += sq_zero
                     if self.cfg.importance != "none":
                         z, m = self._log_densities(i, sq_zero, sq_mle)
                         logn_zero, logn_mle = logn_zero + z, logn_mle + m
@@ -214,23 +240,29 @@ class ParameterSearch:
                     p.add_(delta)
                     del eps, delta
             log_q = 0.0 if self.cfg.importance == "none" else mixture_log_q(logn_zero, logn_mle, self.cfg.pi)
-            yield {"log_q": log_q, "norm": math.sqrt(max(sq_norm, 0.0))}
+            yield {"log_q": log_q, "norm": math.sqrt(max(sq_total, 0.0))}
         finally:
             with torch.no_grad():
                 for p, b in zip(self.params, self._backup):
                     p.copy_(b)
 
     def direction(self, weights: Tensor) -> List[Tensor]:
-        """Delta = sum_k w_k Delta_k, tensor by tensor (weights: (K,)). Frees the backup."""
+        """Delta = sum_k w_k Delta_k, tensor by tensor (weights: (K,)), as
+        sum_k (w_k sigma_i) eps_{k,i} - (sum of the MLE candidates' w_k) g_i.
+        Frees the backup and the scratch buffer."""
         self._backup = None
+        w = [float(x) for x in weights]
+        w_mle = sum(wk for wk, mle in zip(w, self.is_mle) if mle)
         out = []
         for i, p in enumerate(self.params):
             acc = torch.zeros_like(p)
-            for k in range(self.cfg.num_candidates):
-                w = float(weights[k])
-                if w != 0.0:
-                    acc.add_(self.piece(k, i), alpha=w)
+            for k, wk in enumerate(w):
+                if wk != 0.0:
+                    acc.add_(self._noise(k, i, reuse=True), alpha=wk * self.sigmas[i])
+            if w_mle != 0.0:
+                acc.sub_(self.grads[i].to(acc.dtype), alpha=w_mle)
             out.append(acc)
+        self._scratch = None
         return out
 
 

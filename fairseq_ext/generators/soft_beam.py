@@ -13,11 +13,25 @@ Each sentence b is searched over a fixed horizon of ``horizon[b]`` steps (the go
 length, EOS included); past it, the sentence's elements are frozen (scores, costs
 and states unchanged). Scores are log-softmax outputs (``local``) or the raw
 logits (``global``, chapter 5).
+
+With ``stop_at_eos`` (translation, where the output length is open) the horizon is
+a length limit instead: an element whose (MAP) output is EOS is finished; from then
+on its only candidate is padding at score 0, so it keeps its final score and
+competes for its beam slot with the unfinished elements (a fixed-size beam, as in
+Algorithms 1 and 3; fairseq's SequenceGenerator instead sets finished hypotheses
+aside and keeps k open ones). A finished element pushed out of the beam by better
+prefixes is not lost: the result is the k best hypotheses that ever ended (EOS)
+in the beam, by score. Padding is never chosen by an unfinished element,
+EOS not at the first step (fairseq's ``--min-len 1``), and at the last step of the
+horizon only EOS is (fairseq forces EOS at its length limit). The search stops
+early once every element is finished. Nothing is length-normalised: hypotheses
+are ranked by their summed scores.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import torch
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from torch import Tensor
 
 from fairseq_ext.core.soft_beam import hard_beam_step, soft_beam_step
@@ -67,10 +81,12 @@ def run_beam(
     step_costs: Optional[Tensor] = None,
     augment: bool = False,
     hard: bool = False,
+    stop_at_eos: bool = False,
 ) -> BeamResult:
     """Soft (Algorithm 3) or hard (Algorithm 1) beam search for a batch.
 
-    horizon: (B,) steps per sentence. step_costs: (B, T, V) d_t(w) (Hamming, see
+    horizon: (B,) steps per sentence (with ``stop_at_eos``: the most steps, EOS
+    included). step_costs: (B, T, V) d_t(w) (Hamming, see
     ``core.soft_beam.hamming_step_costs``), T = max horizon; accumulated into the
     costs, and added to the candidate scores when ``augment``.
     """
@@ -82,14 +98,16 @@ def run_beam(
     rows = torch.arange(B, device=device).repeat_interleave(k)
     encoder_out = model.encoder(src, src_lengths=net_input.get("src_lengths"))
     encoder_out = model.encoder.reorder_encoder_out(encoder_out, rows)
-    eos = decoder.dictionary.eos()
+    eos, pad = decoder.dictionary.eos(), decoder.dictionary.pad()
+    horizon = horizon.to(device)
     T = int(horizon.max())
+    finished = torch.zeros(B, k, dtype=torch.bool, device=device)
     scores = torch.full((B, k), float("-inf"), device=device)
     scores[:, 0] = 0.0
     costs = torch.zeros(B, k, device=device)
     eye = torch.eye(k, device=device).expand(B, k, k)
     identity = torch.arange(k, device=device).expand(B, k)
-    padding = torch.full_like(identity, decoder.dictionary.pad())
+    padding = torch.full_like(identity, pad)
     first_row = torch.arange(B, device=device).view(B, 1) * k
     all_rows = torch.ones(B * k, 1, dtype=torch.bool, device=device)
     reorder = SoftReorder(decoder)
@@ -98,12 +116,16 @@ def run_beam(
     prev = torch.full((B * k, 1), eos, dtype=torch.long, device=device)
     back_hist: List[Tensor] = []
     out_hist: List[Tensor] = []
+    ended: List[Tensor] = []  # stop_at_eos: (B, k) score of each element that output EOS at step t, else -inf
+    ended_costs: List[Tensor] = []
     with EmbeddingOverride(embedding) as override:
         for t in range(T):
             if t > 0 and not hard:
                 override.set(all_rows, inputs.unsqueeze(1))
             logits = decoder(prev, encoder_out=encoder_out, incremental_state=state)[0][:, -1]
             f = local_scores(logits, normalization).view(B, k, -1)
+            if stop_at_eos:
+                f = _length_rules(f, finished, t, horizon, eos, pad)
             d = None if step_costs is None else step_costs[:, t]
             if hard:
                 step = hard_beam_step(scores, f, k, costs, d, augment)
@@ -115,57 +137,148 @@ def run_beam(
             mix = torch.where(act.unsqueeze(-1), step.backpointers, eye)
             back_hist.append(torch.where(act, step.hard_backpointers, identity))
             out_hist.append(torch.where(act, step.hard_outputs, padding))
+            if stop_at_eos:
+                now = act & out_hist[-1].eq(eos)
+                ended.append(scores.masked_fill(~now, float("-inf")))
+                ended_costs.append(costs)
+                finished = finished.gather(1, back_hist[-1]) | now
+                if bool((finished | (t + 1 >= horizon).view(B, 1)).all()):
+                    break
             if t + 1 == T:
                 break
             if hard:
                 order = (first_row + back_hist[-1]).view(-1)
-                decoder.reorder_incremental_state(state, order)
-                prev = torch.cat([prev.index_select(0, order), out_hist[-1].view(-1, 1)], dim=1)
+                decoder.reorder_incremental_state_scripting(state, order)
+                # finished elements (output pad) are fed EOS: their scores no longer change
+                fed = out_hist[-1].masked_fill(out_hist[-1].eq(pad), eos)
+                prev = torch.cat([prev.index_select(0, order), fed.view(-1, 1)], dim=1)
             else:
                 reorder(state, mix.reshape(B * k, k), B)
                 inputs = (step.outputs @ embedding.weight.to(step.outputs.dtype)).view(B * k, -1)
                 prev = torch.cat([prev, prev[:, -1:]], dim=1)
+    if stop_at_eos:
+        return _best_ended(ended, ended_costs, back_hist, out_hist, k, pad)
     best = scores.argmax(-1)
     return BeamResult(scores, costs, _follow_backpointers(back_hist, out_hist), best)
 
 
-def _follow_backpointers(back_hist: List[Tensor], out_hist: List[Tensor]) -> Tensor:
-    """(B, k, T) sequences of every final element, traced back through the hard
-    backpointers (Algorithm 1, line 11)."""
+def _length_rules(f: Tensor, finished: Tensor, t: int, horizon: Tensor, eos: int, pad: int) -> Tensor:
+    """Scores f (B, k, V) under the open-length rules of ``stop_at_eos`` (module
+    docstring): a finished element's only candidate is pad at 0; unfinished ones
+    never choose pad, nor EOS at t = 0, and only EOS at their last step."""
+    f = f.clone()
+    eos_score = f[..., eos].clone()
+    f[..., pad] = float("-inf")
+    if t == 0:
+        f[..., eos] = float("-inf")
+    last = (horizon == t + 1).view(-1, 1, 1)
+    if bool(last.any()):
+        f = f.masked_fill(last, float("-inf"))
+        f[..., eos] = torch.where(last.squeeze(-1), eos_score, f[..., eos])
+    done = finished.unsqueeze(-1)
+    f = f.masked_fill(done, float("-inf"))
+    f[..., pad] = f[..., pad].masked_fill(finished, 0.0)
+    return f
+
+
+def _follow_backpointers(back_hist: List[Tensor], out_hist: List[Tensor], element: Optional[Tensor] = None,
+                         end: Optional[Tensor] = None, pad: int = 1) -> Tensor:
+    """(B, n, T) sequences traced back through the hard backpointers (Algorithm 1,
+    line 11): of every final element (default), or of the elements ``element``
+    (B, n) as they were at steps ``end`` (B, n), ``pad`` after their end."""
     B, k = back_hist[0].shape
-    element = torch.arange(k, device=back_hist[0].device).expand(B, k)
+    if element is None:
+        element = torch.arange(k, device=back_hist[0].device).expand(B, k)
     tokens = []
-    for back, out in zip(reversed(back_hist), reversed(out_hist)):
-        tokens.append(out.gather(1, element))
-        element = back.gather(1, element)
+    for t in range(len(back_hist) - 1, -1, -1):
+        out = out_hist[t].gather(1, element)
+        back = back_hist[t].gather(1, element)
+        if end is not None:
+            started = end >= t
+            out = out.masked_fill(~started, pad)
+            back = torch.where(started, back, element)
+        tokens.append(out)
+        element = back
     return torch.stack(tokens[::-1], dim=-1)
 
 
+def _best_ended(ended: List[Tensor], ended_costs: List[Tensor], back_hist: List[Tensor], out_hist: List[Tensor],
+                k: int, pad: int) -> BeamResult:
+    """The k best hypotheses that ended (output EOS) at any step, by score
+    (``stop_at_eos``); -inf scores where a sentence has fewer."""
+    B = ended[0].size(0)
+    flat = torch.stack(ended, dim=1).view(B, -1)  # (B, T*k), index t*k + i
+    scores, index = flat.topk(min(k, flat.size(1)), dim=-1)
+    end, element = index // k, index % k
+    costs = torch.stack(ended_costs, dim=1).view(B, -1).gather(1, index)
+    tokens = _follow_backpointers(back_hist, out_hist, element, end, pad)
+    return BeamResult(scores, costs, tokens, scores.argmax(-1))
+
+
+@dataclass
+class BeamSearchConfig(FairseqDataclass):
+    """fairseq-generate options of ``BeamGenerator``, shared by the tasks that offer
+    it (``sequence_tagging``: ``--tagging-search``; ``translation_search``:
+    ``--translation-search``); ``--beam`` sets k."""
+
+    search_normalization: ChoiceEnum(list(NORMALIZATIONS)) = field(
+        default="local", metadata={"help": "scores of the hard / soft search: log-softmax (local) or raw logits "
+                                           "(global, a globally normalised model)"})
+    search_alpha: float = field(default=1.0, metadata={"help": "alpha of the soft search (section 4.3.4)"})
+
+
+def build_beam_generator(models, tgt_dict, args, search: str, cfg: BeamSearchConfig, option: str, **kwargs):
+    """The task's ``BeamGenerator`` for ``search`` hard / soft (``option`` names the
+    task's choice in errors); None for ``fairseq`` (use fairseq's generator)."""
+    if search == "fairseq":
+        return None
+    if getattr(args, "sampling", False):
+        raise ValueError(f"--sampling needs {option} fairseq")
+    return BeamGenerator(models, tgt_dict, getattr(args, "beam", 5), cfg.search_alpha, str(cfg.search_normalization),
+                         soft=search == "soft", **kwargs)
+
+
 class BeamGenerator:
-    """A fairseq generator (``generate(models, sample, **kwargs)``) over ``run_beam``
-    with a horizon of each sentence's source length (tagging: one label per word,
-    then EOS): soft beam decoding (section 4.3.4: the relaxed recursion, hard
-    backpointers as the MAP of the soft ones) or hard beam search ranked by the sum
-    of local (log-softmax) or global (raw) scores; fairseq's ``SequenceGenerator``
-    always renormalises, which is wrong for a globally normalised model.
+    """A fairseq generator (``generate(models, sample, **kwargs)``) over ``run_beam``:
+    soft beam decoding (section 4.3.4: the relaxed recursion, hard backpointers as
+    the MAP of the soft ones) or hard beam search ranked by the sum of local
+    (log-softmax) or global (raw) scores; fairseq's ``SequenceGenerator`` always
+    renormalises, which is wrong for a globally normalised model.
+
+    Horizon: each sentence's source length (tagging: one label per word, then EOS),
+    or, given ``max_len_a`` / ``max_len_b`` (translation), an open length ended by
+    EOS within fairseq's limit ``max_len_a * source length + max_len_b`` (at most
+    the decoder's ``max_positions``; ``run_beam(stop_at_eos=True)``).
 
     Hypotheses: the ``beam`` final elements, best first, with ``score`` the final
-    s_T (soft: the relaxed score) and ``positional_scores`` the teacher-forced
-    per-token scores of the returned tokens under the same normalisation."""
+    s_T (soft: the relaxed score; never length-normalised) and
+    ``positional_scores`` the teacher-forced per-token scores of the returned tokens
+    under the same normalisation."""
 
     def __init__(self, models, tgt_dict, beam: int = 3, alpha: float = 1.0, normalization: str = "local",
-                 soft: bool = True):
+                 soft: bool = True, max_len_a: Optional[float] = None, max_len_b: int = 200):
         if len(models) != 1:
             raise ValueError("soft / raw-score beam search decodes with one model (no ensembles)")
         if beam < 1:
             raise ValueError(f"--beam must be >= 1, got {beam}")
+        if soft and not alpha > 0:
+            raise ValueError(f"--search-alpha must be > 0, got {alpha}")
         self.model, self.tgt_dict = models[0], tgt_dict
         self.beam, self.alpha, self.normalization, self.soft = beam, alpha, normalization, soft
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.eos = tgt_dict.eos()  # fairseq-generate strips it from the printed output
         local_scores(torch.zeros(1, 1), normalization)  # validates
 
     def cuda(self):
         return self
+
+    def _horizon(self, src: Tensor) -> Tensor:
+        src_len = src.ne(self.tgt_dict.pad()).sum(1)
+        if self.max_len_a is None:
+            return src_len
+        limit = self.model.max_decoder_positions() - 1
+        horizon = (self.max_len_a * src_len.double() + self.max_len_b).long()
+        return horizon.clamp(min=2, max=max(limit, 2))
 
     @torch.no_grad()
     def generate(self, models, sample, **kwargs):
@@ -173,9 +286,11 @@ class BeamGenerator:
         model.eval()
         net_input = sample["net_input"]
         src = net_input["src_tokens"]
-        horizon = src.ne(self.tgt_dict.pad()).sum(1)
-        result = run_beam(model, net_input, horizon, self.beam, self.alpha, self.normalization, hard=not self.soft)
-        B, k, _ = result.tokens.shape
+        horizon = self._horizon(src)
+        open_length = self.max_len_a is not None
+        result = run_beam(model, net_input, horizon, self.beam, self.alpha, self.normalization, hard=not self.soft,
+                          stop_at_eos=open_length)
+        B, k, T = result.tokens.shape
         rows = torch.arange(B, device=src.device).repeat_interleave(k)
         tokens = result.tokens.view(B * k, -1)
         prev = torch.cat([torch.full_like(tokens[:, :1], self.tgt_dict.eos()), tokens[:, :-1]], dim=1)
@@ -184,12 +299,17 @@ class BeamGenerator:
             model.encoder(src, src_lengths=net_input.get("src_lengths")), rows)
         f = local_scores(model.decoder(prev, encoder_out=encoder_out)[0], self.normalization)
         positional = f.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).view(B, k, -1)
+        if open_length:  # up to the first EOS (every element ends with one: run_beam forces it)
+            is_eos = result.tokens.eq(self.eos)
+            lengths = torch.where(is_eos.any(-1), is_eos.float().argmax(-1) + 1, torch.full_like(is_eos[..., 0], T,
+                                                                                                     dtype=torch.long))
+        else:
+            lengths = horizon.view(B, 1).expand(B, k)
         out = []
         for b in range(B):
-            n = int(horizon[b])
             order = [i for i in result.scores[b].argsort(descending=True).tolist()
                      if torch.isfinite(result.scores[b, i])]
-            out.append([{"tokens": result.tokens[b, i, :n], "score": result.scores[b, i],
-                         "positional_scores": positional[b, i, :n], "alignment": torch.empty(0),
+            out.append([{"tokens": result.tokens[b, i, : int(lengths[b, i])], "score": result.scores[b, i],
+                         "positional_scores": positional[b, i, : int(lengths[b, i])], "alignment": torch.empty(0),
                          "attention": None} for i in order])
         return out

@@ -86,16 +86,16 @@ def check_plain_output_layer(decoder: nn.Module) -> None:
 def check_step_decodable(model: nn.Module, who: str) -> None:
     """Refuse, naming ``who`` (the option) and the model class, a model whose decoder
     cannot be run step by step with soft inputs: it needs an encoder, an incremental
-    decoder (``reorder_incremental_state``), a token embedding ``embed_tokens`` and
+    decoder (``reorder_incremental_state_scripting``), a token embedding ``embed_tokens`` and
     full output scores (no adaptive softmax)."""
     name = type(model).__name__
     decoder = getattr(model, "decoder", None)
     if getattr(model, "encoder", None) is None or decoder is None:
         raise ValueError(f"{who} needs an encoder-decoder model (e.g. --arch transformer, lstm, tagging_lstm); "
                          f"got {name}")
-    if not callable(getattr(decoder, "reorder_incremental_state", None)):
+    if not callable(getattr(decoder, "reorder_incremental_state_scripting", None)):
         raise ValueError(f"{who} decodes step by step and needs an incremental decoder; {name}'s "
-                         f"{type(decoder).__name__} has no reorder_incremental_state")
+                         f"{type(decoder).__name__} has no reorder_incremental_state_scripting")
     decoder_embedding(decoder)
     check_plain_output_layer(decoder)
 
@@ -187,12 +187,15 @@ def _leaves(state: Dict) -> Dict[Tuple[str, Optional[str]], Tensor]:
 
 
 class SoftReorder:
-    """A soft generalisation of ``decoder.reorder_incremental_state``: row r of the
+    """A soft generalisation of fairseq's incremental-state reorder: row r of the
     new state is sum_j M[r, j] x (beam j of r's sentence), M a (B*k, K) row-
     stochastic matrix (soft backpointers), instead of an index per row.
 
-    Model-agnostic and vectorised: one call of the decoder's own
-    ``reorder_incremental_state`` with an order of B*k*K rows (row r repeated for
+    Model-agnostic and vectorised: one call of the decoder's
+    ``reorder_incremental_state_scripting`` (what fairseq's SequenceGenerator
+    calls: it reorders the decoder's and every submodule's cache; the transformer
+    decoder's own ``reorder_incremental_state`` is a no-op, its caches live in the
+    attention modules) with an order of B*k*K rows (row r repeated for
     each source beam j) gathers every candidate state; each entry is then summed
     over j with the weights M along its batch dimension, found once per entry by
     matching the result against ``index_select`` (the transformer keeps the batch
@@ -217,7 +220,7 @@ class SoftReorder:
         hard = torch.arange(rows, device=mix.device) * K + mix.argmax(-1)  # rows of ``order`` to keep
         snapshot = _copy_state(state)  # the reorder below mutates ``state``'s inner dicts, not these
         old = _leaves(snapshot)
-        self.decoder.reorder_incremental_state(state, order)
+        self.decoder.reorder_incremental_state_scripting(state, order)
         gathered = _leaves(state)
         state.clear()
         state.update(_copy_state(snapshot))

@@ -42,13 +42,13 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from fairseq import metrics, utils
 from fairseq.data import Dictionary, LanguagePairDataset, data_utils, indexed_dataset
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
 from fairseq_ext.core.tagging_metrics import conlleval_counts, precision_recall_f1
 from fairseq_ext.generators.candidates import DecodeConfig, decode_candidates
-from fairseq_ext.generators.soft_beam import BeamGenerator
+from fairseq_ext.generators.soft_beam import BeamSearchConfig, build_beam_generator
 from fairseq_ext.tasks.batching import TaskBatching
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ Sentence = Tuple[List[str], List[str]]
 
 
 @dataclass
-class SequenceTaggingConfig(FairseqDataclass):
+class SequenceTaggingConfig(BeamSearchConfig):
     data: Optional[str] = field(
         default=None, metadata={"help": "directory with train.txt, dev.txt, test.txt (CoNLL columns)"}
     )
@@ -93,10 +93,6 @@ class SequenceTaggingConfig(FairseqDataclass):
                           "hard beam search ranking by the sum of --search-normalization scores, or soft beam "
                           "decoding (thesis 4.3.4) with --search-alpha"},
     )
-    search_normalization: ChoiceEnum(["local", "global"]) = field(
-        default="local", metadata={"help": "scores of --tagging-search hard/soft: log-softmax (local) or raw logits (global)"}
-    )
-    search_alpha: float = field(default=1.0, metadata={"help": "alpha of --tagging-search soft"})
     max_source_positions: int = field(default=1024, metadata={"help": "longest source (words + <eos>)"})
     max_target_positions: int = field(default=1024, metadata={"help": "longest target (labels + <eos>)"})
     num_shards: int = II("dataset.num_shards")  # fairseq-generate --num-shards (tasks/batching.py)
@@ -300,11 +296,10 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
         beam = getattr(args, "beam", 5)
         if not getattr(args, "sampling", False) and beam > num_labels:
             raise ValueError(f"sequence_tagging: --beam {beam} is larger than the number of labels ({num_labels})")
-        if self.cfg.tagging_search != "fairseq":
-            if getattr(args, "sampling", False):
-                raise ValueError("sequence_tagging: --sampling needs --tagging-search fairseq")
-            return BeamGenerator(models, self.tgt_dict, beam, self.cfg.search_alpha, str(self.cfg.search_normalization),
-                                 soft=self.cfg.tagging_search == "soft")
+        ours = build_beam_generator(models, self.tgt_dict, args, str(self.cfg.tagging_search), self.cfg,
+                                    "--tagging-search")
+        if ours is not None:
+            return ours
         generator = super().build_generator(models, args, **kwargs)
         generator.max_len_a, generator.max_len_b = 1.0, 0
         return generator

@@ -1,0 +1,52 @@
+"""Task ``translation_search``: fairseq's ``translation`` whose fairseq-generate
+search can be the thesis's beam (Goyal, chapters 4-5) instead of fairseq's
+``SequenceGenerator``: hard beam search ranking by summed log-probabilities
+(``--search-normalization local``) or raw logits (``global``: a globally
+normalised model, which ``SequenceGenerator``'s renormalisation would turn into a
+different, locally normalised one), or soft beam decoding (section 4.3.4) at
+``--search-alpha``. The output length is open: EOS ends a hypothesis within
+fairseq's ``--max-len-a`` / ``--max-len-b`` limit (``BeamGenerator``,
+``run_beam(stop_at_eos=True)``; fixed-size beam, no length normalisation).
+
+Train with ``--task translation`` (or this task: training is translation's) and
+decode any translation checkpoint:
+
+    fairseq-generate DATA --user-dir fairseq_ext --task translation_search --path ckpt.pt \\
+        --beam 3 --translation-search soft --search-alpha 100 --search-normalization global
+
+docs/soft_beam.md documents the options.
+"""
+from dataclasses import dataclass, field
+
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from omegaconf import II
+
+from fairseq_ext.generators.soft_beam import BeamSearchConfig, build_beam_generator
+from fairseq_ext.tasks.batching import TaskBatching
+
+
+@dataclass
+class TranslationSearchConfig(TranslationConfig, BeamSearchConfig):
+    translation_search: ChoiceEnum(["fairseq", "hard", "soft"]) = field(
+        default="fairseq",
+        metadata={"help": "fairseq-generate's search: fairseq's SequenceGenerator (--beam, renormalised scores, "
+                          "length penalty), hard beam search ranking by the sum of --search-normalization scores, "
+                          "or soft beam decoding (thesis 4.3.4) with --search-alpha"})
+    num_shards: int = II("dataset.num_shards")  # fairseq-generate --num-shards (tasks/batching.py)
+    shard_id: int = II("dataset.shard_id")
+
+
+@register_task("translation_search", dataclass=TranslationSearchConfig)
+class TranslationSearchTask(TaskBatching, TranslationTask):
+    """``translation`` with the hard / soft beam of ``generators/soft_beam.py`` as
+    fairseq-generate's search (``--translation-search``)."""
+
+    cfg: TranslationSearchConfig
+
+    def build_generator(self, models, args, **kwargs):
+        ours = build_beam_generator(
+            models, self.target_dictionary, args, str(self.cfg.translation_search), self.cfg, "--translation-search",
+            max_len_a=float(getattr(args, "max_len_a", 0.0)), max_len_b=int(getattr(args, "max_len_b", 200)))
+        return ours if ours is not None else super().build_generator(models, args, **kwargs)
