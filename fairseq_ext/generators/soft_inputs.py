@@ -191,65 +191,77 @@ class SoftReorder:
     new state is sum_j M[r, j] x (beam j of r's sentence), M a (B*k, K) row-
     stochastic matrix (soft backpointers), instead of an index per row.
 
-    Model-agnostic and vectorised: one call of the decoder's
-    ``reorder_incremental_state_scripting`` (what fairseq's SequenceGenerator
-    calls: it reorders the decoder's and every submodule's cache; the transformer
-    decoder's own ``reorder_incremental_state`` is a no-op, its caches live in the
-    attention modules) with an order of B*k*K rows (row r repeated for
-    each source beam j) gathers every candidate state; each entry is then summed
-    over j with the weights M along its batch dimension, found once per entry by
-    matching the result against ``index_select`` (the transformer keeps the batch
-    in dim 0, fairseq's LSTM its stacked layer states in dim 1). Non-float entries
-    (padding masks) take the hard reorder by the argmax of M; entries the
-    decoder's reorder leaves untouched (fairseq's encoder-decoder attention cache,
-    identical for the beams of a sentence) stay untouched. With a one-hot M it
-    equals the hard reorder exactly (tested)."""
+    Model-agnostic and vectorised. The decoder's ``reorder_incremental_state_scripting``
+    (what fairseq's SequenceGenerator calls: it reorders the decoder's and every
+    submodule's cache; the transformer decoder's own ``reorder_incremental_state``
+    is a no-op, its caches live in the attention modules) runs once with the hard
+    order (the argmax of M, B*k rows, exactly as in beam search): entries it leaves
+    untouched (fairseq's encoder-decoder attention cache, identical for the beams of
+    a sentence) stay untouched; non-float entries (padding masks) take that hard
+    reorder; every float entry is replaced by one batched product M_b @ (the K
+    beams of sentence b) along its batch dimension, computed from the entry as it
+    was (nothing is gathered K-fold, and the backward pass keeps only the entry and
+    M). The batch dimension of each entry is found once, by a probe reorder with a
+    reversing permutation matched against ``index_select`` (the transformer keeps
+    the batch in dim 0, fairseq's LSTM its stacked layer states in dim 1). With a
+    one-hot M it equals the hard reorder exactly (tested)."""
 
     def __init__(self, decoder):
         self.decoder = decoder
-        self._batch_dims: Dict[Tuple[str, Optional[str]], int] = {}
+        self._batch_dims: Dict[Tuple[str, Optional[str]], Optional[int]] = {}  # None: not reordered
 
     def __call__(self, state: Dict, mix: Tensor, num_sentences: int) -> None:
         """mix: (B*k, K) weights of the K beams of the row's sentence (rows grouped
-        by sentence, beam-minor, as fairseq lays out beams). Updates ``state``."""
+        by sentence, beam-minor, as fairseq lays out beams; B*K rows in the state).
+        Updates ``state``."""
         if not state:
             return
         rows, K = mix.shape
-        first = torch.arange(num_sentences, device=mix.device).repeat_interleave(rows // num_sentences) * K
-        order = (first.unsqueeze(1) + torch.arange(K, device=mix.device)).view(-1)  # (B*k*K,) r-major
-        hard = torch.arange(rows, device=mix.device) * K + mix.argmax(-1)  # rows of ``order`` to keep
+        B = num_sentences
+        first = torch.arange(B, device=mix.device).repeat_interleave(rows // B) * K
+        hard = first + mix.argmax(-1)
         snapshot = _copy_state(state)  # the reorder below mutates ``state``'s inner dicts, not these
         old = _leaves(snapshot)
-        self.decoder.reorder_incremental_state_scripting(state, order)
+        if any(name not in self._batch_dims for name in old):
+            self._find_batch_dims(snapshot, B * K)
+        self.decoder.reorder_incremental_state_scripting(state, hard)
         gathered = _leaves(state)
         state.clear()
         state.update(_copy_state(snapshot))
+        weights = mix.view(B, rows // B, K)
         for name, tensor in gathered.items():
             before = old.get(name)
-            if before is not None and tensor is before:
-                continue  # not reordered by the decoder: leave it
-            dim = self._batch_dim(name, before, tensor, order)
-            if tensor.is_floating_point():
-                moved = tensor.movedim(dim, 0)
-                moved = moved.reshape(rows, K, *moved.shape[1:])
-                weights = mix.to(tensor.dtype).view(rows, K, *([1] * (moved.dim() - 2)))
-                value = (weights * moved).sum(1).movedim(0, dim)
-            else:
-                value = tensor.index_select(dim, hard)
-            key, sub = name
-            if sub is None:
-                state[key] = value
-            else:
-                state[key][sub] = value
-
-    def _batch_dim(self, name, before: Optional[Tensor], after: Tensor, order: Tensor) -> int:
-        if name not in self._batch_dims:
             if before is None:
                 raise RuntimeError(f"soft reorder: incremental state entry {name} appeared during a reorder")
-            top = int(order.max())
-            dims = [d for d in range(before.dim()) if before.size(d) > top and after.size(d) == order.numel()
+            if tensor is before:
+                continue  # not reordered by the decoder: leave it
+            if tensor.is_floating_point():
+                dim = self._batch_dims[name]
+                if dim is None:
+                    raise RuntimeError(f"soft reorder: incremental state entry {name} was reordered, not by the probe")
+                x = before.movedim(dim, 0)
+                mixed = torch.bmm(weights.to(x.dtype), x.reshape(B, K, -1))
+                tensor = mixed.reshape(rows, *x.shape[1:]).movedim(0, dim)
+            key, sub = name
+            if sub is None:
+                state[key] = tensor
+            else:
+                state[key][sub] = tensor
+
+    def _find_batch_dims(self, snapshot: Dict, rows: int) -> None:
+        probe = _copy_state(snapshot)
+        order = torch.arange(rows - 1, -1, -1, device=next(iter(_leaves(snapshot).values())).device)
+        self.decoder.reorder_incremental_state_scripting(probe, order)
+        old = _leaves(snapshot)
+        for name, after in _leaves(probe).items():
+            before = old.get(name)
+            if before is None or name in self._batch_dims:
+                continue
+            if after is before:
+                self._batch_dims[name] = None
+                continue
+            dims = [d for d in range(before.dim()) if before.size(d) == rows and after.size(d) == rows
                     and torch.equal(before.index_select(d, order), after)]
             if not dims:
                 raise RuntimeError(f"soft reorder: cannot find the batch dimension of incremental state {name}")
             self._batch_dims[name] = dims[0]
-        return self._batch_dims[name]
