@@ -349,6 +349,10 @@ def test_fairseq_generate_translation_search(toy_bin, tmp_path):
         assert scores.keys() == positional.keys()
         assert all(abs(scores[i] - positional[i]) < 1e-2 * max(1.0, abs(scores[i])) for i in scores)
     assert_shards_make_one_run(base + ["--beam", "3", "--translation-search", "soft", "--search-alpha", "1"])
+    with pytest.raises(AssertionError, match="--search-alpha must be > 0"):
+        run_cli(base + ["--translation-search", "soft", "--search-alpha", "0"])
+    with pytest.raises(AssertionError, match="--sampling needs --translation-search fairseq"):
+        run_cli(base + ["--translation-search", "hard", "--sampling", "--beam", "1"])
 
 
 # ----------------------------------------------------------------- through fairseq-train
