@@ -1,6 +1,10 @@
 #!/usr/bin/env python
 """Score translations: corpus BLEU, mean sentence BLEU, edit cost, rep-4, non-termination.
 
+Also the breakdowns of the Goyal thesis's Tables 5.5-5.6: BLEU's n-gram
+precisions and length ratio, and corpus BLEU by source-length bucket
+(``--length-buckets``).
+
 Input is either ``fairseq-generate`` output (a file, or stdin) or two text files
 with one sentence a line (``--hyp FILE --ref FILE``). Per-sentence costs come
 from ``fairseq_ext/core/task_losses.py``; corpus BLEU from sacrebleu.
@@ -44,6 +48,12 @@ metrics (edit, rep-4 and lengths use whitespace tokens of the scored text):
   nonterm        fraction of non-terminating hypotheses (see --max-len), or n/a
   avg_hyp_len    mean hypothesis length in tokens
   n_sentences    number of scored sentences
+  precisions     BLEU's 1- to 4-gram precisions (Table 5.5), JSON only
+  length_ratio   hypothesis / reference length in BLEU's tokens (Table 5.5)
+  bleu_by_source_length
+                 with --length-buckets 20,30,40: corpus BLEU of the sentences
+                 whose source has [0, 20), [20, 30), [30, 40), >= 40 whitespace
+                 tokens (Table 5.6; the S- lines of generate output, or --src)
 
 non-termination:
   fairseq-generate strips EOS from H- lines, and a hypothesis that hits the
@@ -74,9 +84,10 @@ def remove_bpe(line: str, bpe_symbol: Optional[str]) -> str:
     return (line + " ").replace(bpe_symbol, "").rstrip()
 
 
-def read_generate_output(stream: TextIO, name: str) -> tuple[list[str], list[str], list[str]]:
-    """Hypotheses (D- else H-), references (T-) and raw H- texts, sorted by id."""
-    fields: dict[str, dict[int, str]] = {"T": {}, "H": {}, "D": {}}
+def read_generate_output(stream: TextIO, name: str) -> tuple[list[str], list[str], list[str], list[str]]:
+    """Hypotheses (D- else H-), references (T-), raw H- texts and sources (S-; ""
+    where absent), sorted by id."""
+    fields: dict[str, dict[int, str]] = {"T": {}, "H": {}, "D": {}, "S": {}}
     for line in stream:
         kind, sep, rest = line.rstrip("\n").partition("-")
         if kind not in fields or not sep:
@@ -96,7 +107,8 @@ def read_generate_output(stream: TextIO, name: str) -> tuple[list[str], list[str
         missing = [i for i in ids if i not in lines]
         if missing:
             raise ScoreError(f"{name}: no {kind}- line for sentence id(s) {missing[:10]}")
-    return [hyps[i] for i in ids], [refs[i] for i in ids], [raw[i] for i in ids]
+    srcs = fields["S"]
+    return [hyps[i] for i in ids], [refs[i] for i in ids], [raw[i] for i in ids], [srcs.get(i, "") for i in ids]
 
 
 def read_lines(path: str) -> list[str]:
@@ -114,6 +126,29 @@ def mean_cost(name: str, hyps: list, refs: Optional[list] = None, **options) -> 
     return costs.double().mean().item()
 
 
+def parse_buckets(text: str) -> list[int]:
+    """'20,30,40' -> [20, 30, 40] (strictly increasing positive integers)."""
+    try:
+        edges = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ScoreError(f"--length-buckets: expected integers like 20,30,40, got {text!r}") from None
+    if not edges or edges[0] < 1 or any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ScoreError(f"--length-buckets: edges must be positive and increasing, got {text!r}")
+    return edges
+
+
+def bleu_by_source_length(hyps: list[str], refs: list[str], srcs: list[str], edges: list[int]) -> dict:
+    """Corpus BLEU per source-length bucket [0, e1), [e1, e2), ..., >= e_last
+    (whitespace tokens of the source); None for an empty bucket."""
+    names = [f"{lo}-{hi}" for lo, hi in zip([0] + edges[:-1], edges)] + [f"{edges[-1]}+"]
+    groups: list[list[int]] = [[] for _ in names]
+    for i, src in enumerate(srcs):
+        n = len(src.split())
+        groups[sum(n >= e for e in edges)].append(i)
+    return {name: (sacrebleu.corpus_bleu([hyps[i] for i in g], [[refs[i] for i in g]]).score if g else None)
+            for name, g in zip(names, groups)}
+
+
 def score(
     hyps: list[str], refs: list[str], raw_hyps: list[str], max_len: Optional[int]
 ) -> dict[str, Optional[float]]:
@@ -126,8 +161,11 @@ def score(
         # Restore the EOS fairseq stripped from every hypothesis that ended before the limit.
         with_eos = [t if len(t) >= max_len else t + [_EOS] for t in map(str.split, raw_hyps)]
         nonterm = mean_cost("nonterm", with_eos, eos=_EOS)
+    bleu = sacrebleu.corpus_bleu(hyps, [refs])
     return {
-        "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
+        "bleu": bleu.score,
+        "precisions": [float(p) for p in bleu.precisions],
+        "length_ratio": bleu.sys_len / max(bleu.ref_len, 1),
         "sentence_bleu": 100.0 * (1.0 - sbleu_cost),
         "edit": mean_cost("edit", hyp_tokens, ref_tokens),
         "rep4": mean_cost("rep", hyp_tokens, n=4),
@@ -146,6 +184,7 @@ def format_table(results: dict[str, Optional[float]]) -> str:
         "rep4": "rep-4",
         "nonterm": "non-termination",
         "avg_hyp_len": "avg hypothesis length",
+        "length_ratio": "length ratio (BLEU)",
         "n_sentences": "sentences",
     }
     width = max(map(len, labels.values()))
@@ -158,9 +197,16 @@ def format_table(results: dict[str, Optional[float]]) -> str:
             text = str(value)
         elif key in ("bleu", "sentence_bleu", "avg_hyp_len"):
             text = f"{value:.2f}"
+        elif key == "length_ratio":
+            text = f"{value:.3f}"
         else:
             text = f"{value:.4f}"
         rows.append(f"{label:<{width}}  {text:>8}")
+    if results.get("precisions") is not None:
+        rows.append(f"{'n-gram precisions':<{width}}  " + "/".join(f"{p:.1f}" for p in results["precisions"]))
+    for bucket, value in (results.get("bleu_by_source_length") or {}).items():
+        text = "n/a" if value is None else f"{value:.2f}"
+        rows.append(f"{'BLEU, source ' + bucket:<{width}}  {text:>8}")
     return "\n".join(rows)
 
 
@@ -185,6 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-len", type=int, default=None,
         help="generation length limit in tokens; enables the non-termination rate",
     )
+    parser.add_argument("--src", metavar="FILE", help="sources, one a line (with --hyp/--ref, for --length-buckets)")
+    parser.add_argument(
+        "--length-buckets", metavar="EDGES", default=None,
+        help="also corpus BLEU by source length, e.g. 20,30,40 (the thesis's Table 5.6 buckets)",
+    )
     parser.add_argument(
         "--json", metavar="FILE", default=None,
         help="also write the results as JSON to FILE ('-': stdout, instead of the table)",
@@ -201,7 +252,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         parser.error("give either generate output or --hyp/--ref, not both")
     if args.max_len is not None and args.max_len < 1:
         parser.error("--max-len must be >= 1")
+    if args.src is not None and args.hyp is None:
+        parser.error("--src goes with --hyp/--ref (generate output has S- lines)")
     try:
+        edges = parse_buckets(args.length_buckets) if args.length_buckets is not None else None
         if args.hyp is not None:
             hyps, refs = read_lines(args.hyp), read_lines(args.ref)
             if len(hyps) != len(refs):
@@ -211,19 +265,30 @@ def main(argv: Optional[list[str]] = None) -> None:
             if not hyps:
                 raise ScoreError(f"{args.hyp}: no lines")
             raw_hyps = hyps
+            srcs = read_lines(args.src) if args.src is not None else [""] * len(hyps)
+            if len(srcs) != len(hyps):
+                raise ScoreError(f"{args.src} has {len(srcs)} lines but {args.hyp} has {len(hyps)}")
+            where = args.src
         elif args.generate_output in (None, "-"):
-            hyps, refs, raw_hyps = read_generate_output(sys.stdin, "<stdin>")
+            hyps, refs, raw_hyps, srcs = read_generate_output(sys.stdin, "<stdin>")
+            where = "<stdin>"
         else:
             try:
                 with open(args.generate_output, encoding="utf-8") as f:
-                    hyps, refs, raw_hyps = read_generate_output(f, args.generate_output)
+                    hyps, refs, raw_hyps, srcs = read_generate_output(f, args.generate_output)
             except FileNotFoundError:
                 raise ScoreError(f"{args.generate_output}: no such file") from None
+            where = args.generate_output
+        if edges is not None and not any(srcs):
+            raise ScoreError(f"--length-buckets needs sources: {where} has none (S- lines, or --src with --hyp)")
     except ScoreError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
     hyps = [remove_bpe(h, args.bpe_symbol) for h in hyps]
     refs = [remove_bpe(r, args.bpe_symbol) for r in refs]
     results = score(hyps, refs, raw_hyps, args.max_len)
+    if edges is not None:
+        srcs = [remove_bpe(x, args.bpe_symbol) for x in srcs]
+        results["bleu_by_source_length"] = bleu_by_source_length(hyps, refs, srcs, edges)
     if args.json == "-":
         print(json.dumps(results, indent=2))
         return

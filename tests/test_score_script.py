@@ -61,6 +61,32 @@ def test_generate_output_from_stdin_without_max_len():
     assert scores["nonterm"] is None and scores["n_sentences"] == 3
 
 
+def test_precisions_length_ratio_and_source_length_buckets(tmp_path):
+    """Tables 5.5-5.6 breakdowns by hand: sentence 0 (source of 1 token) is exact,
+    sentence 1 (source of 3 tokens) shares nothing. Matches / totals per n: 6/10,
+    5/8, 4/6, 3/4; lengths 10 / 10; BLEU 100 in bucket 0-2, 0 in 2-4, none in 4+."""
+    gen = tmp_path / "gen.out"
+    gen.write_text("S-0\ta\nT-0\tthe cat sat on the mat\nH-0\t-1.0\tthe cat sat on the mat\n"
+                   "S-1\tb b b\nT-1\tx y z w\nH-1\t-1.0\tp q r s\n")
+    proc = run(str(gen), "--length-buckets", "2,4", "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    scores = json.loads(proc.stdout)
+    assert scores["precisions"] == pytest.approx([60.0, 62.5, 400 / 6, 75.0])
+    assert scores["length_ratio"] == pytest.approx(1.0)
+    buckets = scores["bleu_by_source_length"]
+    assert list(buckets) == ["0-2", "2-4", "4+"]
+    assert buckets["0-2"] == pytest.approx(100.0) and buckets["2-4"] == pytest.approx(0.0) and buckets["4+"] is None
+    table = run(str(gen), "--length-buckets", "2,4").stdout
+    assert "n-gram precisions" in table and "BLEU, source 4+" in table
+    for bad, message in (("4,2", "increasing"), ("a", "integers")):
+        proc = run(str(gen), "--length-buckets", bad)
+        assert proc.returncode != 0 and "--length-buckets" in proc.stderr and message in proc.stderr
+    no_src = tmp_path / "nosrc.out"
+    no_src.write_text("T-0\ta b\nH-0\t-1.0\ta b\n")
+    proc = run(str(no_src), "--length-buckets", "2")
+    assert proc.returncode != 0 and "needs sources" in proc.stderr and str(no_src) in proc.stderr
+
+
 def test_identical_text_files_with_sentencepiece(tmp_path):
     lines = ["\u2581the \u2581c at \u2581sat", " ".join("\u2581" + w for w in "abcdabcd")]
     hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
