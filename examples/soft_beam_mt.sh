@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# Continuous relaxation of beam search on Multi30k De-En (Goyal thesis Table 5.4
+# layout, beam 3; section 5.4.3): does global normalisation, started from a
+# self-normalised model, help translation? CPU scale.
+#
+# Data: scripts/prepare_multi30k.sh, joint sentencepiece BPE of VOCAB types.
+# Model: fairseq `lstm` with attention, 1-layer bidirectional encoder, 1-layer
+# decoder, EMBED-wide embeddings, HIDDEN units (the thesis's MT model is a
+# BiLSTM encoder-decoder with attention, 256 units).
+# Pre-training (PRE_UPDATES updates, Adam 0.002, clip 1.0, --max-tokens 4000,
+# validation every epoch, checkpoint with the best valid loss):
+#   ce  cross-entropy
+#   sn  self_normalized_ce, lambda 0.1 (the init for global normalisation)
+# Fine-tuning from the best checkpoint of one of them (FT_UPDATES updates, Adam at
+# FT_LR, fresh optimizer, update counter and meters; no validation, the last
+# checkpoint is kept), the same budget for all:
+#   ce_ft                 cross-entropy from ce (the control: as many more updates
+#                         at the lower lr, no search)
+#   ce_local, ce_global   soft_beam_direct_loss from ce, local / global scores
+#   sn_local, sn_global   soft_beam_direct_loss from sn, local / global scores
+# soft_beam_direct_loss: k = 3, Hamming cost over BPE tokens against the reference,
+# horizon = reference length (EOS included); alpha 1 -> ALPHA_FINAL geometrically
+# over ALPHA_UPDATES updates, then held.
+# Decoding (task translation_search, dev = val and test2016, --max-len-a 1.2
+# --max-len-b 10, --post-process sentencepiece): every model greedy (--beam 1,
+# fairseq's search) and with our hard beam k = 3 (--translation-search hard;
+# local scores for the pre-trained models and ce_ft, the run's own normalisation
+# otherwise); the fine-tuned models also with the soft beam k = 3
+# (--translation-search soft, alpha = ALPHA_FINAL, the run's normalisation).
+# BLEU: scripts/score.py (sacreBLEU corpus BLEU, 13a, on the detokenized D- lines).
+# Also: log Z mean / variance of ce and sn on train and dev (scripts/log_z.py).
+#
+# One training job at a time; the decodes of a model run in the background beside
+# the next training (DECODE_JOBS of them at most). A stage that finished is
+# skipped (WORK_DIR/NAME.s1/trained, .../done).
+#
+# usage: examples/soft_beam_mt.sh WORK_DIR
+# env: FAIRSEQ_EXT_DATA (required), VOCAB (2000), EMBED (128), HIDDEN (256),
+#      PRE_UPDATES (835, five epochs of 167 updates), FT_UPDATES (100),
+#      FT_LR (0.0001; at 0.001, soft_beam_ner.sh's, the direct loss wrecks the
+#      model: docs/soft_beam.md), ALPHA_FINAL (100), ALPHA_UPDATES (67),
+#      SEED (1), DECODE_JOBS (1),
+#      ONLY (space-separated run names; default all: ce sn ce_ft ce_local ce_global
+#      sn_local sn_global)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. examples/lib.sh
+WORK=${1:?usage: $0 WORK_DIR}
+: "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
+VOCAB=${VOCAB:-2000}
+EMBED=${EMBED:-128}
+HIDDEN=${HIDDEN:-256}
+PRE_UPDATES=${PRE_UPDATES:-835}
+FT_UPDATES=${FT_UPDATES:-100}
+FT_LR=${FT_LR:-0.0001}
+ALPHA_FINAL=${ALPHA_FINAL:-100}
+ALPHA_UPDATES=${ALPHA_UPDATES:-67}
+SEED=${SEED:-1}
+DECODE_JOBS=${DECODE_JOBS:-1}
+PYTHON=${PYTHON:-python}
+export OMP_NUM_THREADS=1
+mkdir -p "$WORK"
+D=$WORK/data/bin
+
+[ -d "$D" ] || bash scripts/prepare_multi30k.sh "$FAIRSEQ_EXT_DATA/multi30k" "$WORK/data" "$VOCAB" \
+  > "$WORK/prepare.log" 2>&1
+MODEL=(--user-dir fairseq_ext --task translation --arch lstm --encoder-layers 1 --decoder-layers 1
+  --encoder-bidirectional --encoder-embed-dim "$EMBED" --encoder-hidden-size "$HIDDEN"
+  --decoder-embed-dim "$EMBED" --decoder-hidden-size "$HIDDEN" --decoder-out-embed-dim "$EMBED" --dropout 0.2
+  --optimizer adam --clip-norm 1.0 --max-tokens 4000 --num-workers 0 --no-epoch-checkpoints
+  --no-save-optimizer-state --log-format simple --log-interval 25)
+SB="--criterion soft_beam_direct_loss --soft-beam-size 3 --soft-beam-alpha 1 --soft-beam-alpha-schedule exponential
+  --soft-beam-alpha-final $ALPHA_FINAL --soft-beam-alpha-updates $ALPHA_UPDATES"
+
+# name -> "init|normalisation|criterion options"; init "-" = pre-training
+declare -A RUNS=(
+  [ce]="-|local|--criterion cross_entropy"
+  [sn]="-|local|--criterion self_normalized_ce --self-norm-lambda 0.1"
+  [ce_ft]="ce|local|--criterion cross_entropy"
+  [ce_local]="ce|local|$SB --normalization local"
+  [ce_global]="ce|global|$SB --normalization global"
+  [sn_local]="sn|local|$SB --normalization local"
+  [sn_global]="sn|global|$SB --normalization global"
+)
+ORDER="ce sn ce_ft ce_local ce_global sn_local sn_global"
+ONLY=${ONLY:-$ORDER}
+
+gen() {  # dir split mode options...
+  local dir=$1 split=$2 mode=$3; shift 3
+  fairseq-generate "$D" --user-dir fairseq_ext --task translation_search --path "$dir/checkpoint_best.pt" \
+    --gen-subset "$split" --batch-size 128 --max-len-a 1.2 --max-len-b 10 --post-process sentencepiece "$@" \
+    > "$dir/$split.$mode.gen" 2> "$dir/$split.$mode.gen.log"
+  "$PYTHON" scripts/score.py "$dir/$split.$mode.gen" --json "$dir/$split.$mode.json" > /dev/null
+}
+
+decode() {  # dir init normalisation
+  local dir=$1 init=$2 norm=$3 split
+  for split in valid test; do
+    gen "$dir" $split greedy --beam 1
+    gen "$dir" $split hard --beam 3 --translation-search hard --search-normalization "$norm"
+    [ "$init" = - ] || gen "$dir" $split soft --beam 3 --translation-search soft --search-normalization "$norm" \
+      --search-alpha "$ALPHA_FINAL"
+  done
+  touch "$dir/done"
+}
+
+logz() {  # dir: log Z statistics of a checkpoint on train and dev (Table 5.1)
+  "$PYTHON" scripts/log_z.py "$D" --user-dir fairseq_ext --task translation --path "$1/checkpoint_best.pt" \
+    --valid-subset train,valid --max-tokens 4000 --num-workers 0 > "$1/logz.log" 2>&1
+}
+
+for name in $ONLY; do
+  dir="$WORK/$name.s$SEED"
+  # (one line for read: options continued on a second line would be dropped)
+  IFS='|' read -r init norm opts <<< "${RUNS[$name]//$'\n'/ }"
+  if [ -e "$dir/done" ]; then echo "done already: $name"; continue; fi
+  if [ ! -e "$dir/trained" ]; then  # (a killed run leaves checkpoints: start it again)
+    rm -rf "$dir"; mkdir -p "$dir"
+    start=$(date +%s)
+    if [ "$init" = - ]; then
+      # shellcheck disable=SC2086
+      fairseq-train "$D" "${MODEL[@]}" $opts --lr 0.002 --max-update "$PRE_UPDATES" \
+        --save-dir "$dir" --seed "$SEED" > "$dir.train.log" 2>&1
+    else
+      # fine-tune: fresh optimizer, meters and update counter (the alpha schedule); keep the last checkpoint
+      # shellcheck disable=SC2086
+      fairseq-train "$D" "${MODEL[@]}" $opts --lr "$FT_LR" --max-update "$FT_UPDATES" --disable-validation \
+        --restore-file "$WORK/$init.s$SEED/checkpoint_best.pt" --reset-optimizer --reset-dataloader \
+        --reset-meters --save-dir "$dir" --seed "$SEED" > "$dir.train.log" 2>&1
+      mv "$dir/checkpoint_last.pt" "$dir/checkpoint_best.pt"
+    fi
+    rm -f "$dir/checkpoint_last.pt"
+    touch "$dir/trained"
+    echo "trained: $name in $(( $(date +%s) - start )) s ($(date -u +%H:%M:%S))"
+  fi
+  throttle "$DECODE_JOBS"
+  { [ "$init" != - ] || logz "$dir"; decode "$dir" "$init" "$norm"; echo "decoded: $name ($(date -u +%H:%M:%S))"; } &
+done
+wait
+
+echo "All decodings, sacreBLEU (dev = val, test = test2016)"
+"$PYTHON" examples/dss_table.py "$WORK" --suffix .greedy --suffix .hard ce sn
+"$PYTHON" examples/dss_table.py "$WORK" --suffix .greedy --suffix .hard --suffix .soft ce_ft ce_local ce_global \
+  sn_local sn_global
+"$PYTHON" - "$WORK" "$SEED" <<'PY'
+# Table 5.4 layout (test BLEU, dev in parentheses) and output lengths
+import json, os, sys
+import sacrebleu
+work, seed = sys.argv[1], sys.argv[2]
+
+def bleu(name, split, mode):
+    path = os.path.join(work, f"{name}.s{seed}", f"{split}.{mode}.json")
+    return json.load(open(path))["bleu"] if os.path.isfile(path) else None
+
+def cell(name, mode):
+    t, d = bleu(name, "test", mode), bleu(name, "valid", mode)
+    return "n/a" if t is None or d is None else f"{t:.2f} ({d:.2f})"
+
+rows = [("pretrain-greedy", "ce", "sn", "greedy"), ("pretrain-beam", "ce", "sn", "hard"),
+        ("CE continued (control)", "ce_ft", None, "soft"),
+        ("locally normalized", "ce_local", "sn_local", "soft"),
+        ("globally normalized", "ce_global", "sn_global", "soft")]
+print("\nTable 5.4 layout, beam 3: test BLEU (dev BLEU)")
+print("| row | Regular (CE init) | Self-normalized init |\n|---|---|---|")
+for label, reg, sn, mode in rows:
+    print(f"| {label} | {cell(reg, mode) + f' `{reg}` {mode}'} | "
+          f"{(cell(sn, mode) + f' `{sn}` {mode}') if sn else 'n/a'} |")
+
+def lengths(name, split, mode):
+    path = os.path.join(work, f"{name}.s{seed}", f"{split}.{mode}.gen")
+    if not os.path.isfile(path):
+        return None
+    hyp, ref = {}, {}
+    for line in open(path, encoding="utf-8"):
+        parts = line.rstrip("\n").split("\t")
+        if line.startswith("D-"):
+            hyp[int(parts[0][2:])] = parts[2] if len(parts) > 2 else ""
+        elif line.startswith("T-"):
+            ref[int(parts[0][2:])] = parts[1] if len(parts) > 1 else ""
+    ids = sorted(ref)
+    b = sacrebleu.corpus_bleu([hyp[i] for i in ids], [[ref[i] for i in ids]])
+    words = sum(len(hyp[i].split()) for i in ids) / len(ids)
+    return words, b.sys_len / b.ref_len
+
+print("\nOutput length: mean words per hypothesis, length ratio (sacreBLEU sys_len / ref_len), test (dev)")
+print("| run | decoding | test words | test ratio | dev words | dev ratio |\n|---|---|---|---|---|---|")
+for name in ("ce", "sn", "ce_ft", "ce_local", "ce_global", "sn_local", "sn_global"):
+    for mode in ("greedy", "hard", "soft"):
+        t, d = lengths(name, "test", mode), lengths(name, "valid", mode)
+        if t and d:
+            print(f"| {name} | {mode} | {t[0]:.2f} | {t[1]:.3f} | {d[0]:.2f} | {d[1]:.3f} |")
+PY
+echo "Table 5.1 layout: log Z on train / dev"
+for f in "$WORK"/{ce,sn}.s*/logz.log; do
+  [ -e "$f" ] && grep -o "valid on '[a-z]*' subset.*log_z_var [0-9.e+-]*" "$f" | sed "s|^|$(basename "$(dirname "$f")"): |"
+done
+true
