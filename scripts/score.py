@@ -268,7 +268,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             srcs = read_lines(args.src) if args.src is not None else [""] * len(hyps)
             if len(srcs) != len(hyps):
                 raise ScoreError(f"{args.src} has {len(srcs)} lines but {args.hyp} has {len(hyps)}")
-            where = args.src
+            where = args.src or args.hyp
         elif args.generate_output in (None, "-"):
             hyps, refs, raw_hyps, srcs = read_generate_output(sys.stdin, "<stdin>")
             where = "<stdin>"

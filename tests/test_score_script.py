@@ -85,6 +85,11 @@ def test_precisions_length_ratio_and_source_length_buckets(tmp_path):
     no_src.write_text("T-0\ta b\nH-0\t-1.0\ta b\n")
     proc = run(str(no_src), "--length-buckets", "2")
     assert proc.returncode != 0 and "needs sources" in proc.stderr and str(no_src) in proc.stderr
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("a b\n")
+    ref.write_text("a b\n")
+    proc = run("--hyp", str(hyp), "--ref", str(ref), "--length-buckets", "2")
+    assert proc.returncode != 0 and "needs sources" in proc.stderr and str(hyp) in proc.stderr
 
 
 def test_identical_text_files_with_sentencepiece(tmp_path):

@@ -96,10 +96,15 @@ def noise_scales(grads: Sequence[Tensor], noise: float, mode: str) -> List[float
     if mode == "absolute":
         return [float(noise)] * len(grads)
     if mode == "global":
-        total = sum(float(g.abs().sum()) for g in grads)
+        total = sum(_l1(g) for g in grads)
         count = sum(g.numel() for g in grads)
         return [noise * total / max(count, 1)] * len(grads)
-    return [noise * float(torch.linalg.vector_norm(g, 1)) / g.numel() if g.numel() else 0.0 for g in grads]
+    return [noise * _l1(g) / g.numel() if g.numel() else 0.0 for g in grads]
+
+
+def _l1(t: Tensor) -> float:
+    """sum |t| as a Python float, without a temporary |t|."""
+    return float(torch.linalg.vector_norm(t, 1))
 
 
 def sq_norm(t: Tensor) -> float:
@@ -224,9 +229,8 @@ class ParameterSearch:
                 for i, p in enumerate(self.params):
                     eps = self._noise(k, i, reuse=True)
                     s, g = self.sigmas[i], self.grads[i]
-                    flat = eps.view(-1)
-                    ee = float(torch.dot(flat, flat))
-                    eg = float(torch.dot(flat, g.reshape(-1).to(eps.dtype)))
+                    ee = sq_norm(eps)
+                    eg = float(torch.dot(eps.view(-1), g.reshape(-1).to(eps.dtype)))
                     own = s * s * ee
                     other = own + (-2.0 if mle else 2.0) * s * eg + self._gg[i]
                     sq_zero, sq_mle = (other, own) if mle else (own, other)

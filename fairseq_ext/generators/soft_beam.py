@@ -131,7 +131,7 @@ def run_beam(
                 step = hard_beam_step(scores, f, k, costs, d, augment)
             else:
                 step = soft_beam_step(scores, f, alpha, k, costs, d, augment)
-            act = (t < horizon).to(device).view(B, 1)
+            act = (t < horizon).view(B, 1)
             scores = torch.where(act, step.scores, scores)
             costs = torch.where(act, step.costs, costs)
             mix = torch.where(act.unsqueeze(-1), step.backpointers, eye)
@@ -166,19 +166,13 @@ def _length_rules(f: Tensor, finished: Tensor, t: int, horizon: Tensor, eos: int
     """Scores f (B, k, V) under the open-length rules of ``stop_at_eos`` (module
     docstring): a finished element's only candidate is pad at 0; unfinished ones
     never choose pad, nor EOS at t = 0, and only EOS at their last step."""
-    f = f.clone()
-    eos_score = f[..., eos].clone()
-    f[..., pad] = float("-inf")
-    if t == 0:
-        f[..., eos] = float("-inf")
-    last = (horizon == t + 1).view(-1, 1, 1)
-    if bool(last.any()):
-        f = f.masked_fill(last, float("-inf"))
-        f[..., eos] = torch.where(last.squeeze(-1), eos_score, f[..., eos])
-    done = finished.unsqueeze(-1)
-    f = f.masked_fill(done, float("-inf"))
-    f[..., pad] = f[..., pad].masked_fill(finished, 0.0)
-    return f
+    vocab = torch.arange(f.size(-1), device=f.device)
+    is_eos, is_pad = vocab.eq(eos), vocab.eq(pad)
+    allowed = ~is_pad & ~(is_eos & (t == 0))  # (V,)
+    allowed = torch.where((horizon == t + 1).view(-1, 1, 1), is_eos, allowed)  # (B, 1, V)
+    f = f.masked_fill(~allowed, float("-inf"))
+    stay = torch.zeros_like(vocab, dtype=f.dtype).masked_fill(~is_pad, float("-inf"))  # pad at 0, else -inf
+    return torch.where(finished.unsqueeze(-1), stay, f)
 
 
 def _follow_backpointers(back_hist: List[Tensor], out_hist: List[Tensor], element: Optional[Tensor] = None,
@@ -290,7 +284,7 @@ class BeamGenerator:
         open_length = self.max_len_a is not None
         result = run_beam(model, net_input, horizon, self.beam, self.alpha, self.normalization, hard=not self.soft,
                           stop_at_eos=open_length)
-        B, k, T = result.tokens.shape
+        B, k, _ = result.tokens.shape
         rows = torch.arange(B, device=src.device).repeat_interleave(k)
         tokens = result.tokens.view(B * k, -1)
         prev = torch.cat([torch.full_like(tokens[:, :1], self.tgt_dict.eos()), tokens[:, :-1]], dim=1)
@@ -299,10 +293,8 @@ class BeamGenerator:
             model.encoder(src, src_lengths=net_input.get("src_lengths")), rows)
         f = local_scores(model.decoder(prev, encoder_out=encoder_out)[0], self.normalization)
         positional = f.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).view(B, k, -1)
-        if open_length:  # up to the first EOS (every element ends with one: run_beam forces it)
-            is_eos = result.tokens.eq(self.eos)
-            lengths = torch.where(is_eos.any(-1), is_eos.float().argmax(-1) + 1, torch.full_like(is_eos[..., 0], T,
-                                                                                                     dtype=torch.long))
+        if open_length:  # up to the first EOS (run_beam ends every live element with one; dead ones are dropped)
+            lengths = result.tokens.eq(self.eos).int().argmax(-1) + 1
         else:
             lengths = horizon.view(B, 1).expand(B, k)
         out = []

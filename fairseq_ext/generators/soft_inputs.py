@@ -223,7 +223,7 @@ class SoftReorder:
         snapshot = _copy_state(state)  # the reorder below mutates ``state``'s inner dicts, not these
         old = _leaves(snapshot)
         if any(name not in self._batch_dims for name in old):
-            self._find_batch_dims(snapshot, B * K)
+            self._find_batch_dims(snapshot, old, B * K, mix.device)
         self.decoder.reorder_incremental_state_scripting(state, hard)
         gathered = _leaves(state)
         state.clear()
@@ -248,11 +248,12 @@ class SoftReorder:
             else:
                 state[key][sub] = tensor
 
-    def _find_batch_dims(self, snapshot: Dict, rows: int) -> None:
+    def _find_batch_dims(self, snapshot: Dict, old: Dict, rows: int, device) -> None:
+        """Batch dimension of each new entry of ``old`` (the leaves of ``snapshot``),
+        or None for entries the decoder does not reorder."""
         probe = _copy_state(snapshot)
-        order = torch.arange(rows - 1, -1, -1, device=next(iter(_leaves(snapshot).values())).device)
+        order = torch.arange(rows - 1, -1, -1, device=device)
         self.decoder.reorder_incremental_state_scripting(probe, order)
-        old = _leaves(snapshot)
         for name, after in _leaves(probe).items():
             before = old.get(name)
             if before is None or name in self._batch_dims:
