@@ -11,8 +11,10 @@ For each criterion, from one starting model and seed, three updates are run as
   sentences (blocks) each. fairseq shards the shuffled batch list (rank r takes
   batches r, r + 2, ...) exactly as ``--update-freq 2`` groups it, so both ranks
   together see the ``ref`` data of every update;
-- ``half`` + ``resumed``: the ``ref`` run stopped after 2 updates and resumed from
-  its ``checkpoint_last.pt`` for the third.
+- ``saved`` + ``resumed``: a run as a user runs a long job, with validation and
+  ``--save-interval-updates 1``, 4 updates an epoch (translation: batches of 2);
+  then a new run resumed from its update-1 checkpoint (``checkpoint_1_1.pt`` as
+  ``checkpoint_last.pt``, mid-epoch) for updates 2 and 3.
 
 and the tests check: the two ranks hold bitwise-identical parameters after every
 update (both backends); the two-process run equals the one-process run on the
@@ -20,13 +22,15 @@ union of the batches (parameters and logged metrics, to float rounding) for ever
 criterion whose update is a function of the data (all but ``pg``, which samples);
 ``--update-freq 2`` equals one batch of twice the size for the additive criteria,
 and for ``mgs`` it does not (costs are pooled per micro-batch, docs/distributed.md);
-the resumed third update is bitwise the uninterrupted one (schedules, seeds and the
-PG moving baseline included).
+every resumed update (two of them: an update count read from a stale meter went
+wrong only from the second) is bitwise the uninterrupted ``saved`` run's, with
+identical logged metrics (schedules, seeds and the PG moving baseline included).
 """
 import glob
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -46,8 +50,11 @@ UPDATES = 3
 # soft beam's peaked softmaxes after three; MGS's per-micro-batch searches differ by ~1e-2 at the first
 TOL = {1: 1e-5, 2: 1e-3, 3: 1e-3}
 COMMON = ["--user-dir", USER_DIR, "--seed", "1", "--num-workers", "0", "--cpu", "--log-format", "json",
-          "--log-interval", "1", "--disable-validation", "--no-epoch-checkpoints", "--optimizer", "sgd",
+          "--log-interval", "1", "--no-epoch-checkpoints", "--optimizer", "sgd",
           "--lr", "0.5", "--required-batch-size-multiple", "1"]
+NO_VALID = ["--disable-validation"]
+# a long run as users launch it: validation and a checkpoint at every update (kept)
+SAVING = ["--save-interval-updates", "1", "--keep-interval-updates", "-1"]
 # fairseq main orders a split's examples under seed + the epoch its batch iterator is built in and reuses the
 # iterator: a resumed run builds it in a later epoch than an uninterrupted one, so its batches differ unless
 # the iterator is rebuilt every epoch (docs/distributed.md)
@@ -78,7 +85,7 @@ def mt(tmp_path_factory):
     """8-sentence toy translation data and a tiny transformer trained on it with MLE."""
     root = tmp_path_factory.mktemp("dist_mt")
     data = toy.binarize_translation(toy.write_toy_data(str(root / "raw"), sizes=(8, 8, 8), seed=1), str(root / "bin"))
-    subprocess.run([sys.executable, SCRIPT, data, *COMMON, *MT_MODEL, "--optimizer", "adam", "--lr", "0.01",
+    subprocess.run([sys.executable, SCRIPT, data, *COMMON, *NO_VALID, *MT_MODEL, "--optimizer", "adam", "--lr", "0.01",
                     "--batch-size", "8", "--max-update", "40", "--save-dir", str(root / "mle")],
                    cwd=REPO, env=_env(), check=True, capture_output=True)
     return data, str(root / "mle" / "checkpoint_last.pt")
@@ -157,23 +164,24 @@ def runs(request, mt, toy_lm_bin, base_lm, negatives, tmp_path_factory):  # noqa
             # pg: 4 updates an epoch, so that the moving baseline has a history to resume (within the epoch)
             ref_batch = ["--batch-size", "2" if criterion == "pg" else "8"]
         args = base + COMMON + CRITERIA[criterion]
-        out = {name: str(root / name) for name in ("ref", "uf2", "c10d", "legacy", "half")}
-        wave = _launch(out["ref"], args + ref_batch + ["--max-update", str(UPDATES), "--no-save"])
-        wave += _launch(out["half"], args + ref_batch + ["--max-update", str(UPDATES - 1), "--save-dir", out["half"]])
+        out = {name: str(root / name) for name in ("ref", "uf2", "c10d", "legacy", "saved")}
+        wave = _launch(out["ref"], args + NO_VALID + ref_batch + ["--max-update", str(UPDATES), "--no-save"])
+        # mid-epoch checkpoints: 4 updates an epoch
+        saving = args + SAVING + (ref_batch if criterion == "residual_nce" else ["--batch-size", "2"])
+        wave += _launch(out["saved"], saving + ["--max-update", str(UPDATES), "--save-dir", out["saved"]])
         if criterion != "residual_nce":
-            wave += _launch(out["uf2"], args + ["--batch-size", "4", "--update-freq", "2", "--max-update",
-                                                str(UPDATES), "--no-save"])
+            wave += _launch(out["uf2"], args + NO_VALID + ["--batch-size", "4", "--update-freq", "2", "--max-update",
+                                                           str(UPDATES), "--no-save"])
         _wait(wave, root)
-        half_dumps = glob.glob(os.path.join(out["half"], "rank0.update*.pt"))
         resumed = str(root / "resumed")
         os.makedirs(resumed)
-        wave = _launch(resumed, args + ref_batch + ["--max-update", str(UPDATES), "--save-dir", out["half"]])
+        shutil.copyfile(os.path.join(out["saved"], "checkpoint_1_1.pt"), os.path.join(resumed, "checkpoint_last.pt"))
+        wave = _launch(resumed, saving + ["--max-update", str(UPDATES), "--save-dir", resumed])
         for backend in ("c10d", "legacy_ddp"):
             name = "c10d" if backend == "c10d" else "legacy"
-            wave += _launch(out[name], args + ["--batch-size", "4", "--max-update", str(UPDATES), "--no-save"],
-                            world=2, backend=backend)
+            wave += _launch(out[name], args + NO_VALID + ["--batch-size", "4", "--max-update", str(UPDATES),
+                                                          "--no-save"], world=2, backend=backend)
         _wait(wave, root)
-        assert len(half_dumps) == UPDATES - 1
         result = {name: Run(path) for name, path in out.items() if os.path.isdir(path)}
         result["resumed"] = Run(resumed)
         return result
@@ -227,16 +235,26 @@ def test_update_freq_two_equals_one_batch_of_twice_the_size(criterion, runs):
         _assert_logs_close(r["uf2"].logs(), r["ref"].logs())
 
 
+def _assert_same_updates(got, ref, updates):
+    for update in updates:
+        a, b = got.params(update), ref.params(update)
+        differing = [k for k in b if not torch.equal(a[k], b[k])]
+        assert not differing, f"update {update} differs in {differing[:5]}: {_max_diff(a, b)}"
+
+
+def _train_logs(run):
+    return [{k: v for k, v in log.items() if k not in UNLOGGED} for log in run.logs()]
+
+
 @pytest.mark.parametrize("criterion", list(CRITERIA))
 def test_resumed_run_continues_exactly(criterion, runs):
+    """Resumed mid-epoch from an update checkpoint, two more updates: both bitwise."""
     r = runs(criterion)
-    resumed, ref = r["resumed"], r["ref"]
-    assert sorted(os.listdir(resumed.out)) == ["log0", f"rank0.update{UPDATES}.pt"]
-    got, want = resumed.params(UPDATES), ref.params(UPDATES)
-    differing = [k for k in want if not torch.equal(got[k], want[k])]
-    assert not differing, f"resumed update {UPDATES} differs in {differing[:5]}: {_max_diff(got, want)}"
-    last = resumed.logs()[-1]
+    resumed, ref = r["resumed"], r["saved"]
+    dumps = sorted(f for f in os.listdir(resumed.out) if f.startswith("rank"))
+    assert dumps == [f"rank0.update{u}.pt" for u in range(2, UPDATES + 1)]
+    _assert_same_updates(resumed, ref, range(2, UPDATES + 1))
+    logs = _train_logs(resumed)
     if criterion == "pg":
-        assert float(last["baseline"]) > 0, "the moving baseline was not carried over the resume"
-    assert {k: v for k, v in last.items() if k not in UNLOGGED} == \
-        {k: v for k, v in ref.logs()[-1].items() if k not in UNLOGGED}
+        assert float(logs[0]["baseline"]) > 0, "the moving baseline was not carried over the resume"
+    assert logs == _train_logs(ref)[1:]

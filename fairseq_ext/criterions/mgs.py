@@ -30,7 +30,7 @@ from omegaconf import II
 from fairseq_ext.core.mgs import IMPORTANCE, NOISE_SCALES, PROPOSALS, ParameterSearch, ProposalConfig
 from fairseq_ext.core.mgs import clip_grad_, mgs_weights, mix_seed, weight_stats
 from fairseq_ext.core.task_losses import pooled_mean
-from fairseq_ext.criterions.clock import check_model_at_start
+from fairseq_ext.criterions.clock import TrainingClock, check_model_at_start
 from fairseq_ext.data_parallel import unwrap
 from fairseq_ext.generators.candidates import DecodeConfig
 from fairseq_ext.sequence_level import BatchScorer, check_candidate_model
@@ -111,13 +111,18 @@ class MGSCriterion(FairseqCriterion):
         )
         self.greedy_cfg = DecodeConfig(max_len_ref_ratio=mgs_max_len_ratio)
         self.seed = seed
+        self.clock = TrainingClock(task)
         self._update_key = (None, 0)
 
     # ---------------------------------------------------------------- helpers
     def _step_seed(self) -> int:
-        """One seed per (update, micro-batch), identical on all workers and after resuming."""
-        meter = metrics.get_meter("default", "num_updates")
-        num_updates = int(meter.val) if meter is not None else 0
+        """One seed per (update, micro-batch), identical on all workers and after resuming.
+
+        The update count is the one fairseq hands ``task.train_step`` (``TrainingClock``),
+        not fairseq's logged ``num_updates`` meter: a resume replaces the "default"
+        aggregator that meter is read from while fairseq keeps logging into the old one,
+        so the meter stays at the checkpoint's count for the rest of the run."""
+        num_updates = self.clock.num_updates
         last, micro = self._update_key
         micro = micro + 1 if last == num_updates else 0
         self._update_key = (num_updates, micro)
