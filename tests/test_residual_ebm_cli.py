@@ -176,10 +176,7 @@ def test_missing_base_lm_fails_naming_the_option(toy_lm_bin, tmp_path):
 
 
 def test_encoder_decoder_checkpoint_is_refused(toy_lm_bin, base_lm, tmp_path):
-    from fairseq_ext.compat import trusted_torch_load
-
-    with trusted_torch_load():
-        state = torch.load(base_lm)
+    state = torch.load(base_lm, weights_only=False)
     state["model"]["encoder.embed_tokens.weight"] = state["model"]["decoder.embed_tokens.weight"]
     torch.save(state, tmp_path / "seq2seq.pt")
     with pytest.raises(ValueError, match="not a decoder-only transformer_lm"):
