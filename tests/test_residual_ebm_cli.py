@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import assert_shards_make_one_run, run_cli
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.task_losses import unique_ngram_share
 
 P, L = 8, 4
@@ -169,9 +170,9 @@ def setup(data, *extra):
 
 
 def test_missing_base_lm_fails_naming_the_option(toy_lm_bin, tmp_path):
-    with pytest.raises(ValueError, match="--base-lm"):
+    with pytest.raises(ConfigError, match="--base-lm"):
         setup(toy_lm_bin)
-    with pytest.raises(FileNotFoundError, match="--base-lm: no such checkpoint file"):
+    with pytest.raises(ConfigError, match="--base-lm: no such checkpoint file"):
         setup(toy_lm_bin, "--base-lm", str(tmp_path / "nope.pt"))
 
 
