@@ -1,6 +1,8 @@
 """End to end through the console scripts: fairseq-train trains and saves,
 fairseq-generate --user-dir fairseq_ext reloads (torch >= 2.6, nothing exported),
 fairseq-train resumes, scripts/score.py scores."""
+import argparse
+import io
 import json
 import os
 import re
@@ -77,6 +79,13 @@ def test_checkpoint_loader_passes_weights_only_without_the_environment(trained, 
     monkeypatch.setattr(torch, "load", spy)
     state = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(trained, "checkpoint_best.pt"))
     assert "model" in state and calls == [(False, None)]
+    # in data-parallel training the other ranks unpickle rank 0's state with fairseq.distributed.utils' torch.load
+    from fairseq.distributed import utils as distributed_utils
+
+    buffer = io.BytesIO()
+    torch.save({"args": argparse.Namespace(lr=0.1)}, buffer)
+    buffer.seek(0)
+    assert distributed_utils.torch.load(buffer)["args"].lr == 0.1 and calls[-1] == (False, None)
     torch.save({"x": 1}, tmp_path / "plain.pt")
     assert torch.load(tmp_path / "plain.pt") == {"x": 1} and calls[-1] == (None, None)  # elsewhere: torch's default
 
