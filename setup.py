@@ -23,7 +23,10 @@ setup(
     extras_require={
         # the paper-scale recipes (examples/*/run.sh): Moses tokenization and subword-nmt BPE
         "recipes": ["sacremoses", "subword-nmt"],
-        "test": ["pytest", "hypothesis", "sacremoses", "subword-nmt"],
+        # matplotlib and tensorboardX too, so that every figure and --tensorboard-logdir are tested
+        "test": ["pytest", "hypothesis", "sacremoses", "subword-nmt", "matplotlib", "tensorboardX"],
         "plot": ["matplotlib"],
+        # fairseq-train --tensorboard-logdir (fairseq falls back to tensorboardX without tensorboard)
+        "tensorboard": ["tensorboardX"],
     },
 )

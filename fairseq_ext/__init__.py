@@ -2,12 +2,16 @@
 
 Importing the package registers every criterion, task, model and task loss with
 fairseq, makes fairseq's checkpoint loader work under torch >= 2.6 and its copies
-to ``checkpoint_last.pt`` atomic (see ``fairseq_ext.compat``).
+to ``checkpoint_last.pt`` atomic (see ``fairseq_ext.compat``), and makes a bad
+plugin option end a command with one line and ``--help`` list the chosen
+components' options (see ``fairseq_ext.cli``).
 """
+from fairseq_ext import cli
 from fairseq_ext.compat import patch_checkpoint_copies, patch_checkpoint_loading
 
 patch_checkpoint_loading()
 patch_checkpoint_copies()
+cli.install()
 
 from fairseq_ext import losses  # noqa: E402,F401  (registers the ``lm`` task loss)
 from fairseq_ext import criterions  # noqa: E402,F401

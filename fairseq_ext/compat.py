@@ -2,52 +2,51 @@
 
 torch >= 2.6 loads files with ``weights_only=True`` by default, which rejects
 fairseq checkpoints: they pickle ``argparse.Namespace`` and omegaconf configs.
-fairseq reads checkpoints in two places: ``fairseq.checkpoint_utils.
-load_checkpoint_to_cpu`` (``fairseq-generate --path``, ``fairseq-train`` resuming,
-``--restore-file``, ``load_model_ensemble``) and, in data-parallel training, the
-other ranks unpickle the state that rank 0 broadcasts
-(``fairseq.distributed.utils._broadcast_object_slow``). We wrap those two
-functions so that, while they run, torch loads with ``weights_only=False``,
-exactly as fairseq did before torch 2.6. Nothing else in the process changes: a
-``torch.load`` anywhere else keeps torch's safe default. A checkpoint is code;
-load only checkpoints you trust.
+fairseq reads checkpoints with ``torch.load`` in two modules:
+``fairseq.checkpoint_utils`` (``load_checkpoint_to_cpu``: ``fairseq-generate
+--path``, ``fairseq-train`` resuming, ``--restore-file``, ``load_model_ensemble``;
+``load_ema_from_checkpoint``) and ``fairseq.distributed.utils`` (in data-parallel
+training the other ranks unpickle the state that rank 0 broadcasts,
+``_broadcast_object_slow``). In those two modules, and only there, ``torch``
+becomes a view of torch whose ``load`` passes ``weights_only=False`` unless the
+caller chose, exactly as fairseq loaded before torch 2.6. Nothing else changes:
+no environment variable is set, and a ``torch.load`` anywhere else keeps torch's
+safe default. A checkpoint is code; load only checkpoints you trust.
 
 Without the plugin, run fairseq with ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``.
 
 Crash safety: ``patch_checkpoint_copies`` makes fairseq's copies of a checkpoint
 to ``checkpoint_last.pt`` / ``checkpoint_best.pt`` atomic (see its docstring).
 """
-import contextlib
-import functools
+import inspect
 import os
 import shutil
-from typing import Callable, Iterator
+import types
+from typing import Callable
 
-_ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+import torch
 
-
-@contextlib.contextmanager
-def trusted_torch_load() -> Iterator[None]:
-    """Within the block, ``torch.load`` defaults to ``weights_only=False``."""
-    previous = os.environ.get(_ENV)
-    os.environ[_ENV] = "1"
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(_ENV, None)
-        else:
-            os.environ[_ENV] = previous
+# torch < 1.13 has no weights_only argument and always unpickles.
+_HAS_WEIGHTS_ONLY = "weights_only" in inspect.signature(torch.load).parameters
 
 
-def _trusting(fn: Callable) -> Callable:
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with trusted_torch_load():
-            return fn(*args, **kwargs)
+class _TrustingTorch(types.ModuleType):
+    """``torch`` as one fairseq module sees it: every attribute is torch's, but
+    ``load`` defaults to ``weights_only=False`` (the caller's choice wins)."""
 
-    wrapper.__fairseq_ext_trusting__ = True
-    return wrapper
+    __fairseq_ext_trusting__ = True
+
+    def __init__(self) -> None:
+        super().__init__("torch", torch.__doc__)
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+    @staticmethod
+    def load(*args, **kwargs):
+        if _HAS_WEIGHTS_ONLY:
+            kwargs.setdefault("weights_only", False)
+        return torch.load(*args, **kwargs)
 
 
 def patch_checkpoint_loading() -> None:
@@ -55,10 +54,9 @@ def patch_checkpoint_loading() -> None:
     from fairseq import checkpoint_utils
     from fairseq.distributed import utils as distributed_utils
 
-    for module, name in ((checkpoint_utils, "load_checkpoint_to_cpu"), (distributed_utils, "_broadcast_object_slow")):
-        original = getattr(module, name, None)
-        if original is not None and not getattr(original, "__fairseq_ext_trusting__", False):
-            setattr(module, name, _trusting(original))
+    for module in (checkpoint_utils, distributed_utils):
+        if not getattr(module.torch, "__fairseq_ext_trusting__", False):
+            module.torch = _TrustingTorch()
 
 
 def _atomic_copy(original: Callable) -> Callable:

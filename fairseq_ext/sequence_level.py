@@ -13,6 +13,7 @@ import torch
 from fairseq import utils
 from torch import Tensor
 
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.task_losses import task_loss_names
 from fairseq_ext.data_parallel import unwrap
 from fairseq_ext.generators.candidates import Candidates, DecodeConfig, decode_candidates, sequence_log_probs
@@ -26,17 +27,17 @@ def parse_cost_spec(spec: str, option: str = "--mgs-task-loss") -> Dict[str, flo
     for item in (spec or "").split(","):
         item = item.strip()
         if not item:
-            raise ValueError(f"{option}: empty item in {spec!r}")
+            raise ConfigError(f"{option}: empty item in {spec!r}")
         name, sep, weight = item.partition("=")
         name = name.strip()
         if name not in task_loss_names():
-            raise ValueError(f"{option}: unknown task loss {name!r}; valid: {', '.join(task_loss_names())}")
+            raise ConfigError(f"{option}: unknown task loss {name!r}; valid: {', '.join(task_loss_names())}")
         try:
             w = float(weight) if sep else 1.0
         except ValueError:
-            raise ValueError(f"{option}: weight of {name!r} is not a number: {weight!r}") from None
+            raise ConfigError(f"{option}: weight of {name!r} is not a number: {weight!r}") from None
         if name in out:
-            raise ValueError(f"{option}: {name!r} given twice")
+            raise ConfigError(f"{option}: {name!r} given twice")
         out[name] = w
     return out
 
@@ -45,7 +46,7 @@ def check_candidate_model(task, model, criterion: str) -> None:
     """Candidates are decoded from a source (encoder-decoder model) or continue a
     prompt (``--task text_completion``); refuse a decoder-only model elsewhere."""
     if getattr(model, "encoder", None) is None and not isinstance(task, TextCompletionTask):
-        raise ValueError(f"--criterion {criterion}: {type(model).__name__} has no encoder; a decoder-only model "
+        raise ConfigError(f"--criterion {criterion}: {type(model).__name__} has no encoder; a decoder-only model "
                          f"continues prompts, which --task text_completion provides (got {type(task).__name__})")
 
 

@@ -10,7 +10,7 @@ the corpus BLEU of each chain's states (sacrebleu, averaged over chains).
 Prints a markdown table of the averages over the epochs after burn-in (the layout
 of the thesis's Tables 6.2-6.5: E_local, novel rate, acceptance, BLEU) and with
 ``--png PREFIX`` draws PREFIX_{accept,novel,e_local,e_raw,bleu}.png against epochs
-(Figures 6.2-6.4 analogues; needs matplotlib: ``pip install matplotlib``).
+(Figures 6.2-6.4 analogues; needs matplotlib: ``pip install -e '.[plot]'``).
 
 usage: scripts/plot_mh.py RUN.jsonl [RUN2.jsonl ...] [--labels a,b] [--png PREFIX]
        [--json FILE] [--post-process sentencepiece|none]
@@ -22,6 +22,8 @@ import sys
 from typing import Dict, List
 
 import sacrebleu
+
+from fairseq_ext.plotting import pyplot
 
 KEYS = ("accept", "novel", "e_local", "e_raw", "bleu")
 
@@ -77,6 +79,10 @@ def main():
     p.add_argument("--post-process", default="sentencepiece", choices=["sentencepiece", "none"],
                    help="how to detokenize hypotheses and references for BLEU")
     args = p.parse_args()
+    try:
+        plt = pyplot() if args.png else None  # fail before any work
+    except ImportError as e:
+        sys.exit(f"plot_mh: --png: {e}")
     labels = args.labels.split(",") if args.labels else [os.path.basename(r).rsplit(".", 1)[0] for r in args.runs]
     if len(labels) != len(args.runs):
         sys.exit(f"plot_mh: {len(labels)} --labels for {len(args.runs)} runs")
@@ -98,12 +104,6 @@ def main():
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     if args.png:
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            sys.exit("plot_mh: --png needs matplotlib (pip install matplotlib, or pip install -e '.[plot]')")
         names = {"accept": "acceptance rate", "novel": "novel-transition rate", "e_local": "mean E_local",
                  "e_raw": "mean E_raw", "bleu": "BLEU (mean over chains)"}
         for key, name in names.items():

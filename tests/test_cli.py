@@ -1,6 +1,8 @@
 """End to end through the console scripts: fairseq-train trains and saves,
 fairseq-generate --user-dir fairseq_ext reloads (torch >= 2.6, nothing exported),
 fairseq-train resumes, scripts/score.py scores."""
+import argparse
+import io
 import json
 import os
 import re
@@ -9,6 +11,8 @@ import pytest
 import torch
 
 from conftest import run_cli
+
+TORCH_ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 TRAIN_TINY = [
     "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
@@ -38,6 +42,7 @@ def test_generate_reloads_without_env_and_scores(trained, toy_bin, tmp_path):
     )
     hyps = [l for l in out.stdout.splitlines() if l.startswith("H-")]
     assert len(hyps) == 40, out.stdout[-2000:]
+    assert TORCH_ENV not in out.stdout + out.stderr  # torch warns when it finds the variable set
     gen_file = tmp_path / "gen.out"
     gen_file.write_text(out.stdout)
     json_file = tmp_path / "scores.json"
@@ -54,6 +59,35 @@ def test_checkpoint_needs_the_plugin_under_new_torch(trained, toy_bin):
     with pytest.raises(AssertionError, match="(?i)weights_only|Unpickling"):
         run_cli(["fairseq-generate", toy_bin, "--path", os.path.join(trained, "checkpoint_best.pt"),
                  "--gen-subset", "valid", "--beam", "1", "--batch-size", "16"])
+
+
+def test_checkpoint_loader_passes_weights_only_without_the_environment(trained, monkeypatch, tmp_path):
+    """fairseq's loader calls torch.load with weights_only=False and leaves the
+    process environment alone (it used to set TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD
+    around the call, and torch warned about it on every load)."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_ext  # noqa: F401
+
+    monkeypatch.delenv(TORCH_ENV, raising=False)
+    calls, real_load = [], torch.load
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("weights_only"), os.environ.get(TORCH_ENV)))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spy)
+    state = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(trained, "checkpoint_best.pt"))
+    assert "model" in state and calls == [(False, None)]
+    # in data-parallel training the other ranks unpickle rank 0's state with fairseq.distributed.utils' torch.load
+    from fairseq.distributed import utils as distributed_utils
+
+    buffer = io.BytesIO()
+    torch.save({"args": argparse.Namespace(lr=0.1)}, buffer)
+    buffer.seek(0)
+    assert distributed_utils.torch.load(buffer)["args"].lr == 0.1 and calls[-1] == (False, None)
+    torch.save({"x": 1}, tmp_path / "plain.pt")
+    assert torch.load(tmp_path / "plain.pt") == {"x": 1} and calls[-1] == (None, None)  # elsewhere: torch's default
 
 
 def test_resume_continues_from_checkpoint(trained, toy_bin, tmp_path):

@@ -102,6 +102,19 @@ def test_generate_prints_one_hypothesis_per_chain_and_writes_statistics(toy_bin,
         for c, (text, scores) in enumerate(chains):
             assert text == last["hyps"][c]
             assert -sum(scores) * math.log(2) == pytest.approx(last["e_local"][c], abs=0.01)
+    # scripts/plot_mh.py: per-epoch curves pooled over sentences and chains, one figure per curve
+    run_cli(["python", "scripts/plot_mh.py", str(stats), "--labels", "run", "--json", str(tmp_path / "mh.json"),
+             "--png", str(tmp_path / "mh")])
+    curves = json.loads((tmp_path / "mh.json").read_text())["run"]["curves"]
+    for e in range(3):
+        eps = [rec["epochs"][e] for rec in records.values()]
+        assert curves["accept"][e] == pytest.approx(sum(sum(x["accepted"]) for x in eps)
+                                                     / sum(sum(x["proposals"]) for x in eps))
+    assert len(curves["bleu"]) == 3
+    from matplotlib.image import imread
+
+    for key in ("accept", "novel", "e_local", "e_raw", "bleu"):
+        assert imread(str(tmp_path / f"mh_{key}.png")).shape[:2] == (385, 550)  # 5 x 3.5 inches at 110 dpi
 
 
 def test_gibbs_accepts_everything_and_mh_runs_are_reproducible(toy_bin, cmlm, tmp_path):

@@ -27,6 +27,7 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.mgs import IMPORTANCE, NOISE_SCALES, PROPOSALS, ParameterSearch, ProposalConfig
 from fairseq_ext.core.mgs import clip_grad_, mgs_weights, mix_seed, weight_stats
 from fairseq_ext.core.task_losses import pooled_mean
@@ -92,11 +93,11 @@ class MGSCriterion(FairseqCriterion):
                  mgs_score_model=None, mgs_post_process=None, seed=1):
         super().__init__(task)
         if not mgs_alpha > 0:
-            raise ValueError(f"--mgs-alpha must be > 0, got {mgs_alpha}")
+            raise ConfigError(f"--mgs-alpha must be > 0, got {mgs_alpha}")
         if not mgs_max_len_ratio > 0:
-            raise ValueError(f"--mgs-max-len-ratio must be > 0, got {mgs_max_len_ratio}")
+            raise ConfigError(f"--mgs-max-len-ratio must be > 0, got {mgs_max_len_ratio}")
         if mgs_score_model and not os.path.isfile(mgs_score_model):
-            raise ValueError(f"--mgs-score-model: no such file {mgs_score_model}")
+            raise ConfigError(f"--mgs-score-model: no such file {mgs_score_model}")
         check_model_at_start(task, lambda model: check_candidate_model(task, model, "mgs"))
         self.proposal = ProposalConfig(
             num_candidates=mgs_candidates, mixture=mgs_mixture, alternate=mgs_alternate, proposal=str(mgs_proposal),

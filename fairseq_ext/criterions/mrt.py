@@ -12,6 +12,7 @@ import torch
 from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.risk import mrt_risk, normalize_costs
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
 from fairseq_ext.generators.candidates import DecodeConfig
@@ -45,9 +46,9 @@ class MRTCriterion(CandidateRiskCriterion):
                  mrt_include_reference=False, mrt_length_normalize=False, mrt_normalize_costs=False,
                  mrt_mle_weight=0.0, mrt_task_loss="sbleu", mrt_max_len_ratio=1.3, mrt_post_process=None):
         if mrt_candidates < 1:
-            raise ValueError(f"--mrt-candidates must be >= 1, got {mrt_candidates}")
+            raise ConfigError(f"--mrt-candidates must be >= 1, got {mrt_candidates}")
         if not mrt_alpha > 0:
-            raise ValueError(f"--mrt-alpha must be > 0, got {mrt_alpha}")
+            raise ConfigError(f"--mrt-alpha must be > 0, got {mrt_alpha}")
         scorer = BatchScorer(task, mrt_task_loss, post_process=mrt_post_process, option="--mrt-task-loss")
         decode_cfg = DecodeConfig(strategy=str(mrt_decoder), num_candidates=mrt_candidates, topk=mrt_topk,
                                   max_len_ref_ratio=mrt_max_len_ratio)

@@ -15,6 +15,7 @@ import torch
 from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.risk import MovingAverageBaseline, reinforce_loss
 from fairseq_ext.core.task_losses import pooled_mean
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
@@ -44,7 +45,7 @@ class PGCriterion(CandidateRiskCriterion):
     def __init__(self, task, pg_samples=4, pg_topk=0, pg_baseline="moving", pg_baseline_decay=0.9,
                  pg_mle_weight=0.0, pg_task_loss="sbleu", pg_max_len_ratio=1.3, pg_post_process=None):
         if pg_samples < 1:
-            raise ValueError(f"--pg-samples must be >= 1, got {pg_samples}")
+            raise ConfigError(f"--pg-samples must be >= 1, got {pg_samples}")
         scorer = BatchScorer(task, pg_task_loss, post_process=pg_post_process, option="--pg-task-loss")
         decode_cfg = DecodeConfig(strategy="sample", num_candidates=pg_samples, topk=pg_topk,
                                   max_len_ref_ratio=pg_max_len_ratio)

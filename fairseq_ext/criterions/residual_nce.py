@@ -20,6 +20,7 @@ from fairseq import metrics, utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.residual import nce_accuracy, nce_loss
 
 
@@ -40,7 +41,7 @@ class ResidualNCECriterion(FairseqCriterion):
 
     def forward(self, model, sample, reduce=True):
         if "negatives" not in sample:
-            raise ValueError("residual_nce: this split has no negatives: run scripts/sample_negatives.py "
+            raise ConfigError("residual_nce: this split has no negatives: run scripts/sample_negatives.py "
                              "(it writes {split}.negatives.pt next to the data or into --negatives-dir)")
         pos, neg = sample["positive"], sample["negatives"]  # (B, T), (B, m, T)
         bsz, m, length = neg.shape

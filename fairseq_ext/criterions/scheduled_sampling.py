@@ -28,6 +28,7 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.relaxations import DECISION_MODES
 from fairseq_ext.core.schedules import EPS_SCHEDULES, check_eps_schedule, exponential_growth, teacher_forcing_prob
 from fairseq_ext.core.token_losses import label_smoothed_nll
@@ -82,17 +83,17 @@ class DifferentiableScheduledSampling(FairseqCriterion):
         try:
             check_eps_schedule(str(dss_schedule), dss_decay_k, dss_decay_slope, dss_min_eps)
         except ValueError as e:
-            raise ValueError(f"--dss-schedule {dss_schedule}: {e} (--dss-decay-k / --dss-decay-slope / "
+            raise ConfigError(f"--dss-schedule {dss_schedule}: {e} (--dss-decay-k / --dss-decay-slope / "
                              "--dss-min-eps)") from None
         if not dss_alpha > 0 or not dss_alpha_growth > 0 or not dss_alpha_max >= dss_alpha:
-            raise ValueError("--dss-alpha and --dss-alpha-growth must be > 0 and --dss-alpha-max >= --dss-alpha, "
+            raise ConfigError("--dss-alpha and --dss-alpha-growth must be > 0 and --dss-alpha-max >= --dss-alpha, "
                              f"got {dss_alpha}, {dss_alpha_growth}, {dss_alpha_max}")
         if dss_passes == 1 or dss_passes < 0:
-            raise ValueError(f"--dss-passes must be 0 (exact) or >= 2, got {dss_passes}")
+            raise ConfigError(f"--dss-passes must be 0 (exact) or >= 2, got {dss_passes}")
         if dss_warmup < 0:
-            raise ValueError(f"--dss-warmup must be >= 0, got {dss_warmup}")
+            raise ConfigError(f"--dss-warmup must be >= 0, got {dss_warmup}")
         if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
+            raise ConfigError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
         self.mode = str(dss_mode)
         self.schedule = str(dss_schedule)
         self.unit = str(dss_schedule_unit)

@@ -16,6 +16,7 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
 from omegaconf import II
 
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.token_losses import self_normalized_nll
 
 
@@ -30,7 +31,7 @@ class SelfNormalizedCE(FairseqCriterion):
     def __init__(self, task, self_norm_lambda=0.1, sentence_avg=False):
         super().__init__(task)
         if not self_norm_lambda >= 0:
-            raise ValueError(f"--self-norm-lambda must be >= 0, got {self_norm_lambda}")
+            raise ConfigError(f"--self-norm-lambda must be >= 0, got {self_norm_lambda}")
         self.lam = self_norm_lambda
         self.sentence_avg = sentence_avg
 

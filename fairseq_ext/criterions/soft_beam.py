@@ -27,6 +27,7 @@ from fairseq import metrics, utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.schedules import ALPHA_SCHEDULES, interpolated
 from fairseq_ext.core.soft_beam import hamming_step_costs, soft_beam_loss, soft_max_score
 from fairseq_ext.core.task_losses import parse_label_weights
@@ -61,25 +62,25 @@ class _SoftBeamCriterion(FairseqCriterion):
                  soft_beam_alpha_final=1.0, soft_beam_alpha_updates=1000, normalization="local", hamming_weights=""):
         super().__init__(task)
         if soft_beam_size < 1:
-            raise ValueError(f"--soft-beam-size must be >= 1, got {soft_beam_size}")
+            raise ConfigError(f"--soft-beam-size must be >= 1, got {soft_beam_size}")
         self.k = soft_beam_size
         self.schedule = str(soft_beam_alpha_schedule)
         self.alpha0, self.alpha1, self.alpha_updates = soft_beam_alpha, soft_beam_alpha_final, soft_beam_alpha_updates
         try:
             interpolated(self.schedule, self.alpha0, self.alpha1, 0, self.alpha_updates)
         except ValueError as e:
-            raise ValueError(f"--soft-beam-alpha-schedule {self.schedule}: {e}") from None
+            raise ConfigError(f"--soft-beam-alpha-schedule {self.schedule}: {e}") from None
         if not soft_beam_alpha > 0:
-            raise ValueError(f"--soft-beam-alpha must be > 0, got {soft_beam_alpha}")
+            raise ConfigError(f"--soft-beam-alpha must be > 0, got {soft_beam_alpha}")
         self.normalization = str(normalization)
         dictionary = task.target_dictionary
         try:
             weights = parse_label_weights(hamming_weights)
         except ValueError as e:
-            raise ValueError(f"--hamming-weights: {e}") from None
+            raise ConfigError(f"--hamming-weights: {e}") from None
         unknown = sorted(label for label in weights if dictionary.index(label) == dictionary.unk())
         if unknown:
-            raise ValueError(f"--hamming-weights: labels not in the target dictionary: {unknown}")
+            raise ConfigError(f"--hamming-weights: labels not in the target dictionary: {unknown}")
         self.label_costs = torch.ones(len(dictionary))
         for label, w in weights.items():
             self.label_costs[dictionary.index(label)] = w

@@ -11,6 +11,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.residual import resample
 from fairseq_ext.core.sampling import batch_generator, choose_tokens
 
@@ -98,7 +99,7 @@ class JointSampler:
     @torch.no_grad()
     def generate(self, models, sample: Dict, **kwargs) -> List[List[Dict]]:
         if len(models) != 1:
-            raise ValueError("the joint sampler takes one energy model (no ensembles)")
+            raise ConfigError("the joint sampler takes one energy model (no ensembles)")
         prefixes = sample["net_input"]["src_tokens"]
         bsz, p = prefixes.shape
         # without a generator of its own: one per batch from the ids, the same draws in any shard

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 from torch import Tensor
 
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.core import mcmc
 from fairseq_ext.core.sampling import batch_generator
 
@@ -26,12 +27,12 @@ def check_cmlm(model) -> None:
     decoder = getattr(model, "decoder", None)
     if not (hasattr(model, "initialize_output_tokens") and hasattr(decoder, "extract_features")
             and hasattr(decoder, "output_layer")):
-        raise ValueError(
+        raise ConfigError(
             f"translation_mh: the model ({type(model).__name__}) is not a conditional masked LM; "
             "--path must point to a cmlm_transformer checkpoint (trained with --task translation_lev "
             "--noise random_mask, or --task translation_mh)")
     if getattr(decoder, "src_embedding_copy", False):
-        raise ValueError("translation_mh: models trained with --src-embedding-copy are not supported")
+        raise ConfigError("translation_mh: models trained with --src-embedding-copy are not supported")
 
 
 def cmlm_logits_fn(model, encoder_out) -> mcmc.LogitsFn:
@@ -59,15 +60,15 @@ def forbidden_symbols(tgt_dict, device=None, size: Optional[int] = None) -> Tens
 
 
 def check_options(cfg: mcmc.MHConfig, chains: int, init: str) -> mcmc.MHConfig:
-    """Raise ValueError naming the first bad ``--mh-*`` option; returns ``cfg``."""
+    """Raise ConfigError naming the first bad ``--mh-*`` option; returns ``cfg``."""
     try:
         cfg.check(prefix="--mh-")
     except ValueError as e:
-        raise ValueError(f"translation_mh: {e}") from None
+        raise ConfigError(f"translation_mh: {e}") from None
     if chains < 1:
-        raise ValueError(f"translation_mh: --mh-chains must be >= 1, got {chains}")
+        raise ConfigError(f"translation_mh: --mh-chains must be >= 1, got {chains}")
     if init not in INITS:
-        raise ValueError(f"translation_mh: --mh-init must be one of {INITS}, got {init!r}")
+        raise ConfigError(f"translation_mh: --mh-init must be one of {INITS}, got {init!r}")
     return cfg
 
 
@@ -78,7 +79,7 @@ class MHSampler:
     def __init__(self, models: Sequence, tgt_dict, cfg: mcmc.MHConfig, chains: int = 1, init: str = "greedy",
                  stats_file: Optional[str] = None, history: bool = False, seed: int = 1):
         if len(models) != 1:
-            raise ValueError("translation_mh: ensembles are not supported; give one checkpoint in --path")
+            raise ConfigError("translation_mh: ensembles are not supported; give one checkpoint in --path")
         check_cmlm(models[0])
         self.cfg = check_options(cfg, chains, init)
         self.tgt_dict = tgt_dict

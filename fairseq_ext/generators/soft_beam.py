@@ -34,6 +34,7 @@ import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from torch import Tensor
 
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.soft_beam import hard_beam_step, soft_beam_step
 from fairseq_ext.generators.soft_inputs import (
     EmbeddingOverride,
@@ -227,7 +228,7 @@ def build_beam_generator(models, tgt_dict, args, search: str, cfg: BeamSearchCon
     if search == "fairseq":
         return None
     if getattr(args, "sampling", False):
-        raise ValueError(f"--sampling needs {option} fairseq")
+        raise ConfigError(f"--sampling needs {option} fairseq")
     return BeamGenerator(models, tgt_dict, getattr(args, "beam", 5), cfg.search_alpha, str(cfg.search_normalization),
                          soft=search == "soft", **kwargs)
 
@@ -252,11 +253,11 @@ class BeamGenerator:
     def __init__(self, models, tgt_dict, beam: int = 3, alpha: float = 1.0, normalization: str = "local",
                  soft: bool = True, max_len_a: Optional[float] = None, max_len_b: int = 200):
         if len(models) != 1:
-            raise ValueError("soft / raw-score beam search decodes with one model (no ensembles)")
+            raise ConfigError("soft / raw-score beam search decodes with one model (no ensembles)")
         if beam < 1:
-            raise ValueError(f"--beam must be >= 1, got {beam}")
+            raise ConfigError(f"--beam must be >= 1, got {beam}")
         if soft and not alpha > 0:
-            raise ValueError(f"--search-alpha must be > 0, got {alpha}")
+            raise ConfigError(f"--search-alpha must be > 0, got {alpha}")
         self.model, self.tgt_dict = models[0], tgt_dict
         self.beam, self.alpha, self.normalization, self.soft = beam, alpha, normalization, soft
         self.max_len_a, self.max_len_b = max_len_a, max_len_b

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.relaxations import decision_embedding, gumbel_noise, is_sample
 
 NoiseFn = Callable[[Tensor], Tensor]
@@ -80,7 +81,7 @@ def decoder_embedding(decoder: nn.Module) -> nn.Embedding:
 
 def check_plain_output_layer(decoder: nn.Module) -> None:
     if getattr(decoder, "adaptive_softmax", None) is not None:
-        raise ValueError("soft decisions need the decoder's full output scores: adaptive softmax is not supported")
+        raise ConfigError("soft decisions need the decoder's full output scores: adaptive softmax is not supported")
 
 
 def check_step_decodable(model: nn.Module, who: str) -> None:
@@ -91,10 +92,10 @@ def check_step_decodable(model: nn.Module, who: str) -> None:
     name = type(model).__name__
     decoder = getattr(model, "decoder", None)
     if getattr(model, "encoder", None) is None or decoder is None:
-        raise ValueError(f"{who} needs an encoder-decoder model (e.g. --arch transformer, lstm, tagging_lstm); "
+        raise ConfigError(f"{who} needs an encoder-decoder model (e.g. --arch transformer, lstm, tagging_lstm); "
                          f"got {name}")
     if not callable(getattr(decoder, "reorder_incremental_state_scripting", None)):
-        raise ValueError(f"{who} decodes step by step and needs an incremental decoder; {name}'s "
+        raise ConfigError(f"{who} decodes step by step and needs an incremental decoder; {name}'s "
                          f"{type(decoder).__name__} has no reorder_incremental_state_scripting")
     decoder_embedding(decoder)
     check_plain_output_layer(decoder)

@@ -22,6 +22,8 @@ from fairseq.models import BaseFairseqModel, register_model
 from fairseq.models.transformer import TransformerConfig, TransformerEncoderBase
 from torch import Tensor, nn
 
+from fairseq_ext.cli import ConfigError
+
 
 @dataclass
 class ResidualEnergyConfig(FairseqDataclass):
@@ -56,7 +58,7 @@ class ResidualEnergyModel(BaseFairseqModel):
         if cfg.energy_variant == "unit":
             base = getattr(task, "base_lm", None)
             if base is None:
-                raise ValueError("--energy-variant unit is initialised from the task's --base-lm (task residual_lm)")
+                raise ConfigError("--energy-variant unit is initialised from the task's --base-lm (task residual_lm)")
             decoder = copy.deepcopy(base.decoder)
             decoder.requires_grad_(True)
             out = getattr(decoder, "output_projection", None)

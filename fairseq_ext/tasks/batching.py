@@ -1,5 +1,6 @@
 """Batch-iterator fixes shared by the project's tasks (translation_mh, residual_lm,
 sequence_tagging)."""
+from fairseq_ext.cli import ConfigError
 
 
 class TaskBatching:
@@ -22,5 +23,5 @@ class TaskBatching:
         if num_shards == 1 and wanted > 1:
             num_shards, shard_id = wanted, int(self.cfg.shard_id)
             if not 0 <= shard_id < num_shards:
-                raise ValueError(f"--shard-id must be in [0, --num-shards), got {shard_id} with {num_shards} shards")
+                raise ConfigError(f"--shard-id must be in [0, --num-shards), got {shard_id} with {num_shards} shards")
         return super().get_batch_iterator(dataset, num_shards=num_shards, shard_id=shard_id, **kwargs)

@@ -33,6 +33,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.tasks.batching import TaskBatching
 
 logger = logging.getLogger(__name__)
@@ -73,22 +74,22 @@ def load_base_lm(path: Optional[str], dictionary: Dictionary):
     from fairseq.models.transformer_lm import TransformerLanguageModel
 
     if not path:
-        raise ValueError("residual_lm needs --base-lm PATH (a fairseq transformer_lm checkpoint)")
+        raise ConfigError("residual_lm needs --base-lm PATH (a fairseq transformer_lm checkpoint)")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"--base-lm: no such checkpoint file: {path}")
+        raise ConfigError(f"--base-lm: no such checkpoint file: {path}")
     state = checkpoint_utils.load_checkpoint_to_cpu(path)
     weights = state["model"]
     emb = weights.get("decoder.embed_tokens.weight")
     if emb is None or any(k.startswith("encoder.") for k in weights):
-        raise ValueError(f"--base-lm {path}: not a decoder-only transformer_lm checkpoint")
+        raise ConfigError(f"--base-lm {path}: not a decoder-only transformer_lm checkpoint")
     if emb.size(0) != len(dictionary):
-        raise ValueError(
+        raise ConfigError(
             f"--base-lm {path}: its vocabulary has {emb.size(0)} entries but the data dictionary has "
             f"{len(dictionary)}: the base LM must be trained on the same dict.txt"
         )
     ckpt_dict = os.path.join(str(getattr(state["cfg"].task, "data", "") or ""), "dict.txt")
     if os.path.isfile(ckpt_dict) and Dictionary.load(ckpt_dict).symbols != dictionary.symbols:
-        raise ValueError(f"--base-lm {path}: its dictionary {ckpt_dict} differs from the data dictionary")
+        raise ConfigError(f"--base-lm {path}: its dictionary {ckpt_dict} differs from the data dictionary")
 
     class _Dicts:  # what TransformerLanguageModel.build_model reads from a task
         source_dictionary = target_dictionary = dictionary
@@ -187,12 +188,12 @@ class ResidualLMTask(TaskBatching, FairseqTask):
     @classmethod
     def setup_task(cls, cfg: ResidualLMConfig, **kwargs):
         if not cfg.data:
-            raise ValueError("residual_lm needs the data directory (positional argument)")
+            raise ConfigError("residual_lm needs the data directory (positional argument)")
         if cfg.prefix_len < 1 or cfg.continuation_len < 1:
-            raise ValueError(f"--prefix-len and --continuation-len must be >= 1, got {cfg.prefix_len}, "
+            raise ConfigError(f"--prefix-len and --continuation-len must be >= 1, got {cfg.prefix_len}, "
                              f"{cfg.continuation_len}")
         if cfg.num_negatives < 1 or cfg.joint_samples < 1 or cfg.energy_batch_size < 1:
-            raise ValueError("--num-negatives, --joint-samples and --energy-batch-size must be >= 1")
+            raise ConfigError("--num-negatives, --joint-samples and --energy-batch-size must be >= 1")
         dict_path = os.path.join(cfg.data.split(":")[0], "dict.txt")
         if not os.path.isfile(dict_path):
             raise FileNotFoundError(f"residual_lm: no dictionary {dict_path}")
@@ -225,7 +226,7 @@ class ResidualLMTask(TaskBatching, FairseqTask):
             raise FileNotFoundError(f"residual_lm: dataset not found: {split} ({path}.bin/.idx)")
         blocks = token_blocks(lines, self.block_size)
         if len(blocks) == 0:
-            raise ValueError(f"residual_lm: split {split} has fewer than {self.block_size} tokens")
+            raise ConfigError(f"residual_lm: split {split} has fewer than {self.block_size} tokens")
         return blocks
 
     def load_negatives(self, split: str, num_blocks: int) -> Optional[torch.Tensor]:
@@ -240,10 +241,10 @@ class ResidualLMTask(TaskBatching, FairseqTask):
         got = {"prefix_len": stored["prefix_len"], "continuation_len": stored["continuation_len"],
                "num_blocks": stored["tokens"].size(0)}
         if got != expect:
-            raise ValueError(f"residual_lm: negatives {path} were sampled for {got}, but this run has {expect}: "
+            raise ConfigError(f"residual_lm: negatives {path} were sampled for {got}, but this run has {expect}: "
                              f"rerun scripts/sample_negatives.py with the same --prefix-len/--continuation-len")
         if stored["tokens"].size(1) < self.cfg.num_negatives:
-            raise ValueError(f"--num-negatives {self.cfg.num_negatives} > the {stored['tokens'].size(1)} "
+            raise ConfigError(f"--num-negatives {self.cfg.num_negatives} > the {stored['tokens'].size(1)} "
                              f"negatives per prefix stored in {path}")
         return stored["tokens"]
 

@@ -46,6 +46,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.tagging_metrics import conlleval_counts, precision_recall_f1
 from fairseq_ext.generators.candidates import DecodeConfig, decode_candidates
 from fairseq_ext.generators.soft_beam import BeamSearchConfig, build_beam_generator
@@ -136,7 +137,7 @@ def read_conll(path: str, tag_column: str, max_sentences: int = 0) -> List[Sente
             if cols[0] == "-DOCSTART-":
                 continue
             if len(cols) < min_cols:
-                raise ValueError(f"{path}:{lineno}: expected at least {min_cols} columns for "
+                raise ConfigError(f"{path}:{lineno}: expected at least {min_cols} columns for "
                                  f"--tag-column {tag_column}, got {line.rstrip()!r}")
             words.append(cols[0])
             labels.append(cols[1] if tag_column == "pos" else cols[-1])
@@ -264,7 +265,7 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
         sentences = read_conll(path, self.cfg.tag_column, max_sentences)
         unknown = sorted({lab for _, labs in sentences for lab in labs if lab not in self.tgt_dict.indices})
         if unknown:
-            raise ValueError(f"sequence_tagging: {path} has labels missing from the label dictionary: {unknown}")
+            raise ConfigError(f"sequence_tagging: {path} has labels missing from the label dictionary: {unknown}")
         norm = [[normalize_word(w, self.cfg.lowercase, self.cfg.normalize_digits) for w in words]
                 for words, _ in sentences]
         eos = self.src_dict.eos()
@@ -282,7 +283,7 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
         src = data_utils.load_indexed_dataset(f"{prefix}.{SRC}", self.src_dict, "mmap")
         tgt = data_utils.load_indexed_dataset(f"{prefix}.{TGT}", self.tgt_dict, "mmap")
         if len(src) != len(tgt) or (src.sizes != tgt.sizes).any():
-            raise ValueError(f"sequence_tagging: {prefix}: source and target lengths differ")
+            raise ConfigError(f"sequence_tagging: {prefix}: source and target lengths differ")
         self.datasets[split] = LanguagePairDataset(
             src, src.sizes, self.src_dict, tgt, tgt.sizes, self.tgt_dict,
             left_pad_source=self.cfg.left_pad_source, left_pad_target=False,
@@ -295,7 +296,7 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
         num_labels = len(self.tgt_dict) - self.tgt_dict.nspecial
         beam = getattr(args, "beam", 5)
         if not getattr(args, "sampling", False) and beam > num_labels:
-            raise ValueError(f"sequence_tagging: --beam {beam} is larger than the number of labels ({num_labels})")
+            raise ConfigError(f"sequence_tagging: --beam {beam} is larger than the number of labels ({num_labels})")
         ours = build_beam_generator(models, self.tgt_dict, args, str(self.cfg.tagging_search), self.cfg,
                                     "--tagging-search")
         if ours is not None:

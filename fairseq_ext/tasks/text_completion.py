@@ -25,6 +25,8 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
+from fairseq_ext.cli import ConfigError
+
 logger = logging.getLogger(__name__)
 
 
@@ -130,7 +132,7 @@ class TextCompletionTask(LanguageModelingTask):
 
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs):
         if self.args.context_size < 1:
-            raise ValueError(f"--context-size must be >= 1, got {self.args.context_size}")
+            raise ConfigError(f"--context-size must be >= 1, got {self.args.context_size}")
         paths = self.args.data.split(":")
         path = f"{paths[(epoch - 1) % len(paths)]}/{split}"
         lines = data_utils.load_indexed_dataset(path, self.dictionary, self.args.dataset_impl, combine=combine)

@@ -1,0 +1,120 @@
+"""List every option of the plugin's criterions, tasks and models (the generators
+are configured through their tasks), with its default and help:
+
+    python -m fairseq_ext.options                 # every plugin component
+    python -m fairseq_ext.options mgs text_completion tagging_lstm_ner
+
+A NAME is a criterion, task, model or architecture name. The options are the ones
+fairseq adds to its parser when the component is chosen (``--criterion mgs``),
+grouped by the config class that declares them, fairseq's inherited ones included.
+``fairseq-train --user-dir fairseq_ext --criterion mgs --help`` lists the same
+for the chosen components (``fairseq_ext.cli``).
+"""
+import argparse
+import functools
+import sys
+from typing import FrozenSet, List, NamedTuple, Optional, Sequence
+
+PLUGIN = "fairseq_ext"
+
+
+class Component(NamedTuple):
+    kind: str  # criterion, task or model
+    name: str
+    cls: type
+    archs: Sequence[str] = ()  # a model's registered architectures
+
+
+class Option(NamedTuple):
+    flags: Sequence[str]  # ("--mgs-alpha",), ("data",) for a positional
+    default: object
+    choices: Optional[Sequence]
+    help: str
+    declared_by: str  # the config class that declares the field, e.g. "MGSConfig"
+
+
+def _is_plugin(cls: type) -> bool:
+    return cls.__module__ == PLUGIN or cls.__module__.startswith(PLUGIN + ".")
+
+
+def plugin_components() -> List[Component]:
+    """The registered criterions, tasks and models defined in this package, in that order."""
+    from fairseq.criterions import CRITERION_REGISTRY
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+    from fairseq.tasks import TASK_REGISTRY
+
+    out = [Component(kind, name, cls) for kind, registry in (("criterion", CRITERION_REGISTRY), ("task", TASK_REGISTRY))
+           for name, cls in sorted(registry.items()) if _is_plugin(cls)]
+    for name, cls in sorted(MODEL_REGISTRY.items()):
+        if _is_plugin(cls):
+            out.append(Component("model", name, cls, tuple(sorted(a for a, m in ARCH_MODEL_REGISTRY.items() if m is cls))))
+    return out
+
+
+def _option(action: argparse.Action, config) -> Option:
+    """``action``'s option, with the default and declaring class of the field of ``config`` (a
+    dataclass instance) it comes from (a model's ``add_args`` leaves the parser's defaults unset)."""
+    for klass in (type(config).__mro__ if config is not None else ()):
+        if action.dest in vars(klass).get("__annotations__", {}):
+            default = config._get_default(action.dest)
+            return Option(tuple(action.option_strings) or (action.dest,), default, action.choices, action.help or "",
+                          klass.__name__)
+    return Option(tuple(action.option_strings) or (action.dest,), action.default, action.choices, action.help or "", "")
+
+
+def component_options(component: Component) -> List[Option]:
+    """The options fairseq adds for ``component`` (its ``add_args`` on an empty parser)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    component.cls.add_args(parser)
+    config = getattr(component.cls, "__dataclass", None)
+    return [_option(action, config and config()) for action in parser._actions]
+
+
+@functools.lru_cache(maxsize=1)
+def plugin_flags() -> FrozenSet[str]:
+    """Every option string a plugin component adds (``--mgs-alpha``, ``--context-size``, ...)."""
+    return frozenset(f for c in plugin_components() for o in component_options(c) for f in o.flags)
+
+
+def format_component(component: Component) -> str:
+    head = f"--{component.kind} {component.name}"
+    if component.kind == "model":
+        head = f"--arch {', '.join(component.archs)}  (model {component.name})"
+    lines, group = [f"{head}  [{component.cls.__module__}]"], None
+    for o in component_options(component):
+        if o.declared_by != group:
+            group = o.declared_by
+            lines.append(f"  {group or 'other'}:")
+        choices = f" {{{','.join(map(str, o.choices))}}}" if o.choices else ""
+        lines.append(f"    {', '.join(o.flags)}{choices}  (default: {o.default})")
+        if o.help:
+            lines.append(f"        {o.help}")
+    return "\n".join(lines)
+
+
+def select(names: Sequence[str]) -> List[Component]:
+    """The components called ``names`` (criterion, task, model or architecture names)."""
+    components = plugin_components()
+    if not names:
+        return components
+    known = {c.name: c for c in components}
+    known.update({a: c for c in components for a in c.archs})
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise KeyError(f"no plugin component named {', '.join(unknown)}; choose from {', '.join(sorted(known))}")
+    return list(dict.fromkeys(known[n] for n in names))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m fairseq_ext.options", description=__doc__.split("\n\n")[0])
+    p.add_argument("names", nargs="*", metavar="NAME", help="criterion, task, model or architecture (default: all)")
+    args = p.parse_args(argv)
+    try:
+        components = select(args.names)
+    except KeyError as e:
+        p.error(e.args[0])
+    print("\n\n".join(format_component(c) for c in components))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Training logs: ``fairseq-train --tensorboard-logdir`` writes event files holding
+the criterion's own metrics (tensorboardX is in the test extra), and
+scripts/plot_log.py draws logged metrics of several runs (fairseq JSON logs) as one
+PNG (docs/logging.md)."""
+import glob
+import importlib.util
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, cli_env, run_cli
+
+TINY = [
+    "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
+    "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-all-embeddings", "--seed", "1",
+    "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "1000", "--num-workers", "0", "--no-save",
+    "--log-format", "json",
+]
+
+
+@pytest.fixture(scope="module")
+def runs(toy_bin, tmp_path_factory):
+    """Two short runs with JSON logs: MGS (4 updates, logged every update, with
+    --tensorboard-logdir and --log-file mgs.log; its console log in mgs.stdout) and
+    cross-entropy (8 updates, logged every 2; its console log in ce.log)."""
+    out = tmp_path_factory.mktemp("logs")
+    proc = run_cli(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", *TINY, "--criterion", "mgs",
+                    "--mgs-task-loss", "edit", "--mgs-candidates", "2", "--max-update", "4", "--log-interval", "1",
+                    "--tensorboard-logdir", str(out / "tb"), "--log-file", str(out / "mgs.log"),
+                    "--save-dir", str(out)], env={"OMP_NUM_THREADS": "1"})
+    (out / "mgs.stdout").write_text(proc.stdout)
+    proc = run_cli(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", *TINY, "--criterion", "cross_entropy",
+                    "--max-update", "8", "--log-interval", "2", "--save-dir", str(out)], env={"OMP_NUM_THREADS": "1"})
+    (out / "ce.log").write_text(proc.stdout)
+    return out
+
+
+def stats_lines(log, tag):
+    """The JSON dicts of the ``| TAG | {...}`` lines of fairseq's console log."""
+    marker = f"| {tag} | "
+    return [json.loads(line.split(marker, 1)[1]) for line in open(log) if marker in line]
+
+
+def read_scalars(logdir):
+    """{(subdirectory, tag): {step: value}} of the scalars in TensorBoard event files
+    (TFRecords: u64 length, u32 crc, an Event protobuf, u32 crc)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    out = {}
+    for path in glob.glob(os.path.join(logdir, "*", "events.out.tfevents.*")):
+        data, pos = open(path, "rb").read(), 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            event = Event.FromString(data[pos + 12:pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                out.setdefault((os.path.basename(os.path.dirname(path)), value.tag), {})[event.step] = value.simple_value
+    return out
+
+
+def test_tensorboard_event_files_hold_the_criterions_metrics(runs):
+    scalars = read_scalars(runs / "tb")
+    logged = stats_lines(runs / "mgs.stdout", "train_inner")
+    assert [int(r["num_updates"]) for r in logged] == [1, 2, 3, 4]
+    for key in ("loss", "mgs_weight_entropy", "mgs_mle_weight", "mgs_cand_mean"):
+        assert scalars[("train_inner", key)] == {int(r["num_updates"]): pytest.approx(float(r[key]), abs=1e-3)
+                                                 for r in logged}, key
+    valid = stats_lines(runs / "mgs.stdout", "valid")
+    assert scalars[("valid", "task_loss")] == {int(r["valid_num_updates"]): pytest.approx(float(r["valid_task_loss"]),
+                                                                                        abs=1e-3) for r in valid}
+
+
+def points(records, x, y):
+    return [[float(r[x]) for r in records], [float(r[y]) for r in records]]
+
+
+def test_plot_log_draws_the_logged_values_of_several_runs(runs, tmp_path):
+    """One run read from --log-file (bare JSON lines), one from the console log."""
+    png, points_json = tmp_path / "fig.png", tmp_path / "fig.json"
+    run_cli(["python", "scripts/plot_log.py", str(runs / "mgs.log"), str(runs / "ce.log"), "--labels", "mgs,ce",
+             "--metric", "loss", "mgs_weight_entropy", "valid_loss", "--out", str(png), "--json", str(points_json)])
+    mgs, ce = (stats_lines(runs / name, "train_inner") for name in ("mgs.stdout", "ce.log"))
+    valid = {name: stats_lines(runs / log, "valid") for name, log in (("mgs", "mgs.stdout"), ("ce", "ce.log"))}
+    expected = {
+        "loss": {"mgs": points(mgs, "num_updates", "loss"), "ce": points(ce, "num_updates", "loss")},
+        "mgs_weight_entropy": {"mgs": points(mgs, "num_updates", "mgs_weight_entropy")},  # not logged by ce
+        "valid_loss": {k: points(v, "valid_num_updates", "valid_loss") for k, v in valid.items()},
+    }
+    assert json.loads(points_json.read_text()) == expected
+    assert len(expected["loss"]["ce"][0]) == 4 and expected["loss"]["ce"][0][-1] == 8.0
+    from matplotlib.image import imread
+
+    image = imread(str(png))
+    assert image.shape[:2] == (858, 660) and image.std() > 0  # three 6 x 2.6 inch panels at 110 dpi
+
+    spec = importlib.util.spec_from_file_location("plot_log", os.path.join(REPO, "scripts", "plot_log.py"))
+    plot_log = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot_log)
+    fig = plot_log.plot(expected, "num_updates")
+    for ax, (metric, by_run) in zip(fig.axes, expected.items()):
+        assert ax.get_ylabel() == metric
+        drawn = {line.get_label(): [list(line.get_xdata()), list(line.get_ydata())] for line in ax.get_lines()}
+        assert drawn == by_run
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--metric", "nosuch"], "plot_log: --metric nosuch (with --x num_updates) is in none of the logs; logged: "),
+    (["--metric", "loss", "--labels", "a,b"], "plot_log: --labels needs 1 distinct names, got 'a,b'"),
+    (["--metric", "loss", "--out", "/no/such/dir/fig.png"], "plot_log: --out /no/such/dir/fig.png: no such directory"),
+])
+def test_plot_log_bad_input_is_one_line(runs, tmp_path, args, message):
+    cmd = [sys.executable, "scripts/plot_log.py", str(runs / "mgs.log"), "--out", str(tmp_path / "f.png"), *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and not (tmp_path / "f.png").exists()
+    assert proc.stderr.strip().splitlines()[-1].startswith(message), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
