@@ -69,10 +69,11 @@ def test_mgs_reproducible_from_seed(toy_bin, mle_ckpt, tmp_path):
     ("--mgs-alpha", "0", "--mgs-alpha"),
     ("--mgs-mixture", "1.5", "--mgs-mixture"),
     ("--mgs-task-loss", "bleurt", "unknown task loss"),
+    ("--mgs-task-loss", "sbleu --mgs-post-process spm", "--mgs-post-process: unknown value 'spm'"),
 ])
 def test_mgs_bad_options(toy_bin, mle_ckpt, tmp_path, flag, value, message):
     with pytest.raises(AssertionError, match=re.escape(message)):
-        _finetune(toy_bin, mle_ckpt, str(tmp_path / "bad"), 1, [flag, value])
+        _finetune(toy_bin, mle_ckpt, str(tmp_path / "bad"), 1, [flag, *value.split()])
 
 
 @pytest.mark.parametrize("criterion,key", [
