@@ -55,18 +55,22 @@ ONLY=${ONLY:-$ORDER}
 
 for seed in $SEEDS; do
   warm="$WORK/warm.s$seed"
-  if [ ! -s "$warm/checkpoint_last.pt" ]; then
+  if ! finished "$warm.log"; then  # (an interrupted warm-up resumes from its checkpoint_last.pt)
     echo "==> teacher-forced warm-up, seed $seed: $WARM_UPDATES updates"
     fairseq-train "$WORK/data/bin" "${MODEL[@]}" --dss-warmup 1e12 --max-update "$WARM_UPDATES" \
-      --seed "$seed" --save-dir "$warm" --disable-validation > "$warm.log" 2>&1 || { tail "$warm.log"; exit 1; }
+      --seed "$seed" --save-dir "$warm" --disable-validation >> "$warm.log" 2>&1 || { tail "$warm.log"; exit 1; }
   fi
 done
 
 run() {  # name seed
   local name=$1 seed=$2 dir="$WORK/$1.s$2"
-  if [ ! -s "$dir/done" ]; then
+  if [ ! -e "$dir/done" ]; then
     mkdir -p "$dir"
-    cp "$WORK/warm.s$seed/checkpoint_last.pt" "$dir/checkpoint_last.pt"
+    # start from the warm-up, unless an interrupted run left its own checkpoint: resume that
+    if [ ! -e "$dir/checkpoint_last.pt" ]; then
+      cp "$WORK/warm.s$seed/checkpoint_last.pt" "$dir/checkpoint_last.pt.tmp"
+      mv "$dir/checkpoint_last.pt.tmp" "$dir/checkpoint_last.pt"
+    fi
     # shellcheck disable=SC2086
     fairseq-train "$WORK/data/bin" "${MODEL[@]}" ${RUNS[$name]} --max-update $((WARM_UPDATES + FT_UPDATES)) \
       --seed "$seed" --save-dir "$dir" --disable-validation > "$dir.train.log" 2>&1

@@ -5,6 +5,14 @@ throttle() {
   while [ "$(jobs -rp | wc -l)" -ge "$1" ]; do wait -n; done
 }
 
+# finished LOG: true when LOG, a fairseq-train log, records a finished run (fairseq's
+# "done training"). The CPU-scale scripts skip such a run when rerun, and rerun one that
+# was interrupted: fairseq-train resumes from its save directory's checkpoint_last.pt
+# (fine-tunes pass --finetune-from-model, which only the first launch loads).
+finished() {
+  grep -qs "done training in" "$1"
+}
+
 # ---------------------------------------------------------------------------
 # Staged recipes (examples/iwslt14_de_en, examples/wmt, examples/wikitext103_completion)
 #

@@ -52,7 +52,7 @@ fi
 # De-En (20): short-source test pairs, binarized with the model's dictionaries
 if [ ! -s "$WORK/data/bin20_n$SENTENCES/test.de-en.de.bin" ]; then
   mkdir -p "$WORK/data/raw20_n$SENTENCES"
-  "$PYTHON" - "$WORK/data/spm" "$FAIRSEQ_EXT_DATA/multi30k" "$WORK/data/raw20_n$SENTENCES" "$SENTENCES" <<'PY'
+  "$PYTHON" - "$WORK/data" "$FAIRSEQ_EXT_DATA/multi30k" "$WORK/data/raw20_n$SENTENCES" "$SENTENCES" <<'PY'
 import sys
 spm_dir, raw, out, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 pieces = {l: open(f"{spm_dir}/test.{l}").read().splitlines() for l in ("de", "en")}

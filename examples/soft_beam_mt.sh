@@ -114,7 +114,9 @@ for name in $ONLY; do
   # (one line for read: options continued on a second line would be dropped)
   IFS='|' read -r init norm opts <<< "${RUNS[$name]//$'\n'/ }"
   if [ -e "$dir/done" ]; then echo "done already: $name"; continue; fi
-  if [ ! -e "$dir/trained" ]; then  # (a killed run leaves checkpoints: start it again)
+  # a killed run leaves checkpoints: start it again from scratch, so that every result comes
+  # from one uninterrupted run (the runs are minutes long)
+  if [ ! -e "$dir/trained" ]; then
     rm -rf "$dir"; mkdir -p "$dir"
     start=$(date +%s)
     if [ "$init" = - ]; then
@@ -122,11 +124,12 @@ for name in $ONLY; do
       fairseq-train "$D" "${MODEL[@]}" $opts --lr 0.002 --max-update "$PRE_UPDATES" \
         --save-dir "$dir" --seed "$SEED" > "$dir.train.log" 2>&1
     else
-      # fine-tune: fresh optimizer, meters and update counter (the alpha schedule); keep the last checkpoint
+      # fine-tune: fresh optimizer, lr schedule, meters and update counter (the alpha schedule;
+      # --finetune-from-model, first launch: the directory is new); keep the last checkpoint
       # shellcheck disable=SC2086
       fairseq-train "$D" "${MODEL[@]}" $opts --lr "$FT_LR" --max-update "$FT_UPDATES" --disable-validation \
-        --restore-file "$WORK/$init.s$SEED/checkpoint_best.pt" --reset-optimizer --reset-dataloader \
-        --reset-meters --save-dir "$dir" --seed "$SEED" > "$dir.train.log" 2>&1
+        --finetune-from-model "$WORK/$init.s$SEED/checkpoint_best.pt" \
+        --save-dir "$dir" --seed "$SEED" > "$dir.train.log" 2>&1
       mv "$dir/checkpoint_last.pt" "$dir/checkpoint_best.pt"
     fi
     rm -f "$dir/checkpoint_last.pt"

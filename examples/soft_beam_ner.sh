@@ -122,7 +122,9 @@ for seed in $SEEDS; do
     # (one line for read: options continued on a second line would be dropped)
     IFS='|' read -r init norm alpha opts <<< "${RUNS[$name]//$'\n'/ }"
     if [ -e "$dir/done" ]; then echo "done already: $name seed $seed"; continue; fi
-    if [ ! -e "$dir/trained" ]; then  # (a killed run leaves a checkpoint_best.pt: start it again)
+    # a killed run leaves a checkpoint_best.pt: start it again from scratch, so that every
+    # result comes from one uninterrupted run (the runs are minutes long)
+    if [ ! -e "$dir/trained" ]; then
       rm -rf "$dir"; mkdir -p "$dir"
       start=$(date +%s)
       if [ "$name" = ce ] && [ -n "$CE_CKPT" ]; then
@@ -133,11 +135,12 @@ for seed in $SEEDS; do
         fairseq-train "$D" "${TASK[@]}" "${COMMON[@]}" $opts --lr 0.005 --max-epoch "$PRE_EPOCHS" \
           --save-dir "$dir" --seed "$seed" > "$dir.train.log" 2>&1
       else
-        # fine-tune: fresh optimizer, meters, update counter (the alpha schedule) and epoch count
+        # fine-tune: fresh optimizer, lr schedule, meters, update counter (the alpha schedule) and
+        # epoch count (--finetune-from-model; the directory is new, so this is its first launch)
         # shellcheck disable=SC2086
         fairseq-train "$D" "${TASK[@]}" "${COMMON[@]}" $opts --lr 0.001 --max-epoch "$FT_EPOCHS" \
-          --restore-file "$WORK/$init.s$seed/checkpoint_best.pt" --reset-optimizer --reset-dataloader \
-          --reset-meters --save-dir "$dir" --seed "$seed" > "$dir.train.log" 2>&1
+          --finetune-from-model "$WORK/$init.s$seed/checkpoint_best.pt" \
+          --save-dir "$dir" --seed "$seed" > "$dir.train.log" 2>&1
       fi
       rm -f "$dir/checkpoint_last.pt"
       touch "$dir/trained"

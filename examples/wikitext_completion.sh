@@ -12,11 +12,16 @@
 # (task_loss: NLL of the greedy continuation under the MLE model, decoding up to
 # 1.3 x the longest reference; scripts/validate_criterion.py).
 #
+# A rerun skips finished trainings and resumes interrupted ones (fine-tunes start from
+# the MLE model with --finetune-from-model, so only on their first launch, save every
+# 10 updates and score the lm cost with the MLE checkpoint itself, --mgs-score-model).
+#
 # usage: examples/wikitext_completion.sh WORK_DIR
 # env: FAIRSEQ_EXT_DATA (required), MLE_UPDATES (600), FT_UPDATES (30), MAX_LEN (500), PROPOSALS (unset),
 #      MGS_EXTRA (extra fine-tuning arguments, word-split, e.g. "--seed 2")
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. examples/lib.sh
 WORK=${1:?usage: $0 WORK_DIR}
 : "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
 MLE_UPDATES=${MLE_UPDATES:-600}
@@ -33,31 +38,32 @@ MODEL=(--arch transformer_lm --decoder-layers 2 --decoder-embed-dim 128 --decode
   --decoder-attention-heads 4 --share-decoder-input-output-embed --dropout 0.1 --seed 1 --num-workers 0
   --no-epoch-checkpoints --log-format simple)
 
-if [ ! -s "$WORK/mle/checkpoint_best.pt" ]; then
+if ! finished "$WORK/mle.log"; then
   log "MLE: $MLE_UPDATES updates"
   fairseq-train "$WORK/data/bin" --user-dir fairseq_ext "${TASK[@]}" "${MODEL[@]}" --optimizer adam --lr 0.002 \
     --lr-scheduler inverse_sqrt --warmup-updates 100 --max-tokens 4096 --max-update "$MLE_UPDATES" \
-    --save-dir "$WORK/mle" > "$WORK/mle.log" 2>&1
+    --save-dir "$WORK/mle" >> "$WORK/mle.log" 2>&1
 fi
 
 finetune() {  # name, criterion args...
   local name=$1; shift
-  [ -s "$WORK/$name/checkpoint_last.pt" ] && return 0
+  finished "$WORK/$name.log" && return 0
   log "$name: $FT_UPDATES updates from the MLE model"
   fairseq-train "$WORK/data/bin" --user-dir fairseq_ext "${TASK[@]}" "${MODEL[@]}" \
-    --restore-file "$WORK/mle/checkpoint_best.pt" --reset-optimizer --reset-dataloader --reset-meters \
-    --reset-lr-scheduler --optimizer adam --lr 0.0005 --max-tokens 1024 --max-update "$FT_UPDATES" \
-    --save-dir "$WORK/$name" --disable-validation --log-interval 5 "$@" ${MGS_EXTRA:-} > "$WORK/$name.log" 2>&1
+    --finetune-from-model "$WORK/mle/checkpoint_best.pt" --optimizer adam --lr 0.0005 --max-tokens 1024 \
+    --max-update "$FT_UPDATES" --save-dir "$WORK/$name" --disable-validation --save-interval-updates 10 \
+    --keep-interval-updates 1 --log-interval 5 "$@" ${MGS_EXTRA:-} >> "$WORK/$name.log" 2>&1
 }
 names=(mle)
 VALIDATE=(fairseq-validate)
+LM_COST=(--mgs-task-loss lm --mgs-score-model "$WORK/mle/checkpoint_best.pt")
 if [ -z "${PROPOSALS:-}" ]; then
-  finetune mgs_lm --criterion mgs --mgs-task-loss lm --mgs-alpha 1
+  finetune mgs_lm --criterion mgs "${LM_COST[@]}" --mgs-alpha 1
   finetune mgs_edit --criterion mgs --mgs-task-loss edit --mgs-alpha 1
   names+=(mgs_lm mgs_edit)
 else
   for proposal in $PROPOSALS; do
-    finetune "mgs_lm_$proposal" --criterion mgs --mgs-task-loss lm --mgs-alpha 1 --mgs-proposal "$proposal"
+    finetune "mgs_lm_$proposal" --criterion mgs "${LM_COST[@]}" --mgs-alpha 1 --mgs-proposal "$proposal"
     names+=("mgs_lm_$proposal")
   done
   VALIDATE=("$PYTHON" scripts/validate_criterion.py

@@ -6,19 +6,74 @@ core loss takes: detokenized text for ``sbleu`` / ``chrf`` (BPE removed with
 symbols for the token-level losses (padding and EOS removed, except for
 ``nonterm`` which looks for the EOS).
 
+``resolve_post_process`` turns a criterion's ``--*-post-process`` value into the
+BPE removal those text costs use: ``auto`` (the default) reads the scheme off the
+target dictionary; an explicit value that disagrees with the dictionary is kept
+but logged as a warning.
+
 This module also defines the ``lm`` cost: the negative log-probability of the
 hypothesis under a frozen fairseq scorer, conditional on the source for
 encoder-decoder scorers and on the prefix for language models (MGS paper,
 section 5.1: "LM" task loss).
 """
+import logging
 from typing import List, Optional, Sequence
 
 import torch
 from fairseq.data import data_utils
 from torch import Tensor
 
-from fairseq_ext.core.task_losses import TaskLoss, build_task_loss, register_task_loss
+from fairseq_ext.cli import ConfigError
+from fairseq_ext.core.task_losses import SUBWORD_MARKS, TaskLoss, build_task_loss, detect_subword_scheme
+from fairseq_ext.core.task_losses import register_task_loss
 from fairseq_ext.generators.candidates import sequence_log_probs
+
+logger = logging.getLogger(__name__)
+
+POST_PROCESS_HELP = (
+    "BPE removal before text costs (sbleu, chrf): 'auto' reads it off the target dictionary (sentencepiece, "
+    "subword_nmt or none), 'none' scores the dictionary's symbols as they are, or a fairseq --post-process "
+    "value (sentencepiece, subword_nmt, '@@ ', ...)"
+)
+# fairseq's --post-process values for the two schemes detect_subword_scheme recognises
+_SCHEME_OF = {"sentencepiece": "sentencepiece", "subword_nmt": "subword_nmt", "@@ ": "subword_nmt", "@@": "subword_nmt"}
+
+
+def resolve_post_process(value: Optional[str], dictionary, option: str, costs: Sequence[str]) -> Optional[str]:
+    """The BPE removal (a fairseq ``post_process`` value, or None) for the text costs ``costs``.
+
+    value: the option's value: ``auto``, ``none`` / None, or a fairseq
+        ``--post-process`` value. ``auto`` becomes what ``dictionary``'s symbols
+        look like (``detect_subword_scheme``); the choice is logged. An explicit
+        value is kept, with a warning when the dictionary looks like another
+        scheme (text costs on subword pieces, or words glued together).
+    option: the option's name, for messages. An unknown value raises ValueError.
+    costs: the names of the text costs; none: None, nothing logged (symbol costs
+        never remove BPE).
+    """
+    value = None if value in (None, "none") else value
+    if value not in (None, "auto"):
+        try:
+            data_utils.post_process("a b", value)
+        except NotImplementedError:
+            raise ConfigError(f"{option}: unknown value {value!r}; use auto, none, sentencepiece, subword_nmt "
+                             "or another value of fairseq's --post-process") from None
+    if not costs:
+        return None
+    detected, share = detect_subword_scheme(dictionary.symbols[dictionary.nspecial:])
+    evidence = (f"{share:.0%} of the target dictionary's symbols {SUBWORD_MARKS[detected]}" if detected
+                else "the target dictionary's symbols carry no sentencepiece or subword-nmt marks")
+    what = "/".join(costs)
+    if value == "auto":
+        logger.info(f"{option} auto: {detected or 'none'} ({evidence}); {what} scored on "
+                    + (f"text with the {detected} segmentation removed" if detected else "the symbols as they are"))
+        return detected
+    given = _SCHEME_OF.get(value) if value is not None else None
+    if detected != given and (detected is not None or given is not None):
+        effect = "scored on subword pieces, not words" if value is None or detected else "scored on garbled words"
+        logger.warning(f"{option} {value or 'none'}, but {evidence}: {what} will be {effect}. "
+                       f"Use {option} auto (the default) to follow the dictionary.")
+    return value
 
 
 @register_task_loss("lm")

@@ -14,10 +14,10 @@ from fairseq import utils
 from torch import Tensor
 
 from fairseq_ext.cli import ConfigError
-from fairseq_ext.core.task_losses import task_loss_names
+from fairseq_ext.core.task_losses import TASK_LOSSES, task_loss_names
 from fairseq_ext.data_parallel import unwrap
 from fairseq_ext.generators.candidates import Candidates, DecodeConfig, decode_candidates, sequence_log_probs
-from fairseq_ext.losses import LMScorerCost, SequenceCost
+from fairseq_ext.losses import LMScorerCost, SequenceCost, resolve_post_process
 from fairseq_ext.tasks.text_completion import TextCompletionTask, prefix_sample
 
 
@@ -55,24 +55,30 @@ class BatchScorer:
 
     task: the fairseq task (its target dictionary gives the ids' meaning).
     spec: weighted costs (see ``parse_cost_spec``).
-    post_process: BPE removal for text costs (e.g. ``sentencepiece``).
+    post_process: BPE removal for text costs: ``auto`` (read off the target
+        dictionary), ``none`` or a fairseq ``--post-process`` value; see
+        ``losses.resolve_post_process``.
     score_model: checkpoint path for the ``lm`` cost; None: a frozen copy of the
         model the first time it is used (MGS paper: the LM task loss under the
         model as it was when fine-tuning started).
+    criterion: the criterion's name, for option names in messages
+        (``--{criterion}-task-loss``, ``--{criterion}-post-process``).
     """
 
-    def __init__(self, task, spec: str, post_process: Optional[str] = None, score_model: Optional[str] = None,
-                 option: str = "--mgs-task-loss"):
-        self.weights = parse_cost_spec(spec, option)
+    def __init__(self, task, spec: str, post_process: Optional[str] = "auto", score_model: Optional[str] = None,
+                 criterion: str = "mgs"):
+        self.weights = parse_cost_spec(spec, f"--{criterion}-task-loss")
         self.dictionary = task.target_dictionary
-        self.post_process = post_process
+        text_costs = [name for name in self.weights if TASK_LOSSES[name].input_kind == "text"]
+        self.post_process = resolve_post_process(post_process, self.dictionary, f"--{criterion}-post-process",
+                                                 text_costs)
         self.score_model_path = score_model
         self.costs: Dict[str, SequenceCost] = {}
         self._cache = None
         for name in self.weights:
             if name == "lm":
                 continue  # built lazily: needs the scorer
-            self.costs[name] = SequenceCost(name, self.dictionary, post_process=post_process)
+            self.costs[name] = SequenceCost(name, self.dictionary, post_process=self.post_process)
         if "lm" in self.weights and score_model is not None:
             self.costs["lm"] = SequenceCost("lm", self.dictionary, scorer=LMScorerCost.from_checkpoint(score_model).scorer)
 

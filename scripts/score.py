@@ -38,7 +38,8 @@ which text is scored:
   H- line, against the T- line; sentences are sorted by id, and with --nbest > 1
   the first hypothesis of each id is used. --bpe-symbol is applied to both the
   hypothesis and the reference, so pass it only if fairseq-generate was run
-  without --post-process/--remove-bpe/--bpe.
+  without --post-process/--remove-bpe/--bpe. When the references still look
+  like sentencepiece or subword-nmt pieces, a warning says so on stderr.
 
 metrics (edit, rep-4 and lengths use whitespace tokens of the scored text):
   bleu           sacrebleu corpus BLEU (13a tokenization)
@@ -285,6 +286,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
     hyps = [remove_bpe(h, args.bpe_symbol) for h in hyps]
     refs = [remove_bpe(r, args.bpe_symbol) for r in refs]
+    scheme, share = task_losses.detect_subword_scheme(t for r in refs for t in r.split())
+    if scheme is not None:
+        print(f"{parser.prog}: warning: {share:.0%} of the reference tokens {task_losses.SUBWORD_MARKS[scheme]}: "
+              f"scoring {scheme} pieces, not words; pass --bpe-symbol {scheme} (or generate with --post-process "
+              f"{scheme})", file=sys.stderr)
     results = score(hyps, refs, raw_hyps, args.max_len)
     if edges is not None:
         srcs = [remove_bpe(x, args.bpe_symbol) for x in srcs]

@@ -1,14 +1,19 @@
 """--criterion mgs through fairseq-train / fairseq-validate on the toy task: it runs
 with fairseq's optimizer and checkpointing, lowers the pooled training edit cost
-from its starting value, is reproducible from the seed, and rejects bad options."""
+from its starting value, is reproducible from the seed, and rejects bad options.
+Fine-tuning commands (the tests', the docs' and the recipes') start with
+--finetune-from-model, so a rerun after an interruption resumes instead of
+starting again from the MLE model."""
+import glob
 import json
 import os
 import re
+import sys
 
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 ARCH = [
     "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
@@ -40,8 +45,7 @@ def _train_edit(toy_bin, ckpt, tmp_path):
 def _finetune(toy_bin, mle_ckpt, save, updates, extra=()):
     return run_cli(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", "--optimizer", "adam", "--lr", "0.003",
                     "--max-tokens", "1000", "--max-update", str(updates), "--save-dir", save,
-                    "--restore-file", mle_ckpt, "--reset-optimizer", "--reset-dataloader", "--reset-meters",
-                    "--log-interval", "1"] + ARCH + MGS + list(extra))
+                    "--finetune-from-model", mle_ckpt, "--log-interval", "1"] + ARCH + MGS + list(extra))
 
 
 def test_mgs_lowers_training_edit(toy_bin, mle_ckpt, tmp_path):
@@ -53,6 +57,65 @@ def test_mgs_lowers_training_edit(toy_bin, mle_ckpt, tmp_path):
     after = _train_edit(toy_bin, os.path.join(save, "checkpoint_last.pt"), tmp_path)
     print(f"MGS-edit: training edit {before:.4f} -> {after:.4f}")
     assert after < before, (before, after)
+
+
+def test_rerun_of_a_stopped_finetune_resumes(toy_bin, mle_ckpt, tmp_path):
+    """The same command run again on a save directory that holds the checkpoint of update 2 (what a
+    Ctrl-C after it leaves) continues from update 2: --finetune-from-model loads the MLE model only
+    on the first launch."""
+    save = str(tmp_path / "ft")
+    _finetune(toy_bin, mle_ckpt, save, 2)
+    out = _finetune(toy_bin, mle_ckpt, save, 4)
+    log = out.stdout + out.stderr
+    assert f"Loaded checkpoint {save}/checkpoint_last.pt (epoch 1 @ 2 updates)" in log
+    assert re.findall(r"\| train_inner \|.* num_updates=(\d+)", log) == ["3", "4"]
+
+
+def test_demo_rerun_resumes_a_stopped_finetune(tmp_path):
+    """examples/demo.sh (the worked command of docs/mgs.md) run again after its MGS fine-tune was
+    stopped skips the finished MLE training and resumes MGS from ckpt_mgs/checkpoint_last.pt (it used
+    to retrain MLE and restart MGS from the MLE model, overwriting the interrupted run)."""
+    work = tmp_path / "demo"
+    env = {"MAX_UPDATE": "4", "MGS_UPDATES": "2", "BEAMS": "1", "PYTHON": sys.executable, "PYTHONPATH": REPO,
+           "OMP_NUM_THREADS": "1"}
+    run_cli(["bash", "examples/demo.sh", str(work)], env=env)
+    mle = (work / "ckpt_mle" / "checkpoint_best.pt").read_bytes()
+    # stopped after update 2: its checkpoint is there, fairseq's closing "done training" line is not
+    log = work / "train_mgs.log"
+    log.write_text("".join(line for line in log.read_text().splitlines(True) if "done training" not in line))
+    out = run_cli(["bash", "examples/demo.sh", str(work)], env=dict(env, MGS_UPDATES="4")).stdout
+    assert "MLE: finished, skipped" in out
+    assert (work / "ckpt_mle" / "checkpoint_best.pt").read_bytes() == mle
+    text = log.read_text()
+    assert f"Loaded checkpoint {work}/ckpt_mgs/checkpoint_last.pt (epoch 1 @ 2 updates)" in text
+    assert "num_updates 4" in text and "MGS/beam1" in out
+
+
+def _commands(path):
+    """The command lines of a shell script (comments left out) or a markdown page (its code: indented
+    blocks and fenced blocks, not the prose that talks about options)."""
+    lines, fenced = [], False
+    for line in open(path, encoding="utf-8"):
+        if path.endswith(".sh"):
+            if not line.lstrip().startswith("#"):
+                lines.append(line)
+        elif line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced or line.startswith("    "):
+            lines.append(line)
+    return "".join(lines)
+
+
+def test_docs_and_recipes_finetune_with_finetune_from_model():
+    """No fine-tuning command in README.md, docs/ or examples/ starts from a model with --restore-file
+    MODEL (+ --reset-*): rerun after an interruption, such a command starts again from MODEL and
+    overwrites the interrupted run. (--restore-file checkpoint_last.pt, fairseq's default, resumes.)"""
+    files = [os.path.join(REPO, "README.md")] + [
+        f for pattern in ("docs/*.md", "examples/**/*.sh", "examples/**/*.md")
+        for f in glob.glob(os.path.join(REPO, pattern), recursive=True)]
+    restart = re.compile(r"--restore-file[\s=]+(?![\"']?checkpoint_last\.pt)\S+")
+    found = [f"{os.path.relpath(f, REPO)}: {m.group(0)}" for f in files for m in restart.finditer(_commands(f))]
+    assert not found, "use --finetune-from-model instead:\n" + "\n".join(found)
 
 
 def test_mgs_reproducible_from_seed(toy_bin, mle_ckpt, tmp_path):
@@ -69,10 +132,11 @@ def test_mgs_reproducible_from_seed(toy_bin, mle_ckpt, tmp_path):
     ("--mgs-alpha", "0", "--mgs-alpha"),
     ("--mgs-mixture", "1.5", "--mgs-mixture"),
     ("--mgs-task-loss", "bleurt", "unknown task loss"),
+    ("--mgs-task-loss", "sbleu --mgs-post-process spm", "--mgs-post-process: unknown value 'spm'"),
 ])
 def test_mgs_bad_options(toy_bin, mle_ckpt, tmp_path, flag, value, message):
     with pytest.raises(AssertionError, match=re.escape(message)):
-        _finetune(toy_bin, mle_ckpt, str(tmp_path / "bad"), 1, [flag, value])
+        _finetune(toy_bin, mle_ckpt, str(tmp_path / "bad"), 1, [flag, *value.split()])
 
 
 @pytest.mark.parametrize("criterion,key", [
@@ -88,8 +152,7 @@ def test_mrt_and_pg_lower_their_risk(toy_bin, mle_ckpt, tmp_path, criterion, key
     windows see different batches, so it measured batch noise, not the criterion.)"""
     out = run_cli(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", "--optimizer", "adam", "--lr", "0.003",
                    "--max-tokens", "1000", "--max-update", "30", "--save-dir", str(tmp_path / "ck"),
-                   "--restore-file", mle_ckpt, "--reset-optimizer", "--reset-dataloader", "--reset-meters",
-                   "--log-interval", "5"] + ARCH + criterion)
+                   "--finetune-from-model", mle_ckpt, "--log-interval", "5"] + ARCH + criterion)
     values = [float(m.group(1)) for m in re.finditer(rf"\| train_inner \|.* {key}=([0-9.]+)", out.stdout + out.stderr)]
     assert len(values) == 6, (out.stdout + out.stderr)[-2000:]
     assert all(0.0 <= v <= 1.0 for v in values), values

@@ -99,6 +99,7 @@ def test_identical_text_files_with_sentencepiece(tmp_path):
     ref.write_text("\n".join(lines) + "\n")
     proc = run("--hyp", str(hyp), "--ref", str(ref), "--bpe-symbol", "sentencepiece", "--json", "-")
     assert proc.returncode == 0, proc.stderr
+    assert "warning" not in proc.stderr
     scores = json.loads(proc.stdout)
     assert scores["bleu"] == pytest.approx(100.0)
     assert scores["sentence_bleu"] == pytest.approx(100.0)
@@ -106,6 +107,23 @@ def test_identical_text_files_with_sentencepiece(tmp_path):
     assert scores["rep4"] == pytest.approx(0.2 / 2, abs=1e-6)  # "a b c d a b c d": 1 - 4/5
     assert scores["avg_hyp_len"] == pytest.approx((3 + 8) / 2)  # "c at" was joined into "cat"
     assert scores["n_sentences"] == 2
+
+
+@pytest.mark.parametrize("ref_line,scheme", [
+    ("\u2581the \u2581c at \u2581sat \u2581on \u2581the \u2581m at", "sentencepiece"),
+    ("the c@@ at sat on the m@@ at", "subword_nmt"),
+])
+def test_subword_pieces_without_bpe_symbol_warn(tmp_path, ref_line, scheme):
+    """Text that still carries subword marks is scored (as asked) but said to be pieces."""
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text(ref_line + "\n")
+    ref.write_text(ref_line + "\n")
+    proc = run("--hyp", str(hyp), "--ref", str(ref), "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    assert "warning" in proc.stderr and f"pass --bpe-symbol {scheme}" in proc.stderr
+    assert json.loads(proc.stdout)["avg_hyp_len"] == 8  # pieces, not the 6 words
+    proc = run("--hyp", str(hyp), "--ref", str(ref), "--bpe-symbol", scheme, "--json", "-")
+    assert "warning" not in proc.stderr and json.loads(proc.stdout)["avg_hyp_len"] == 6
 
 
 def test_missing_file_is_named(tmp_path):

@@ -1,13 +1,20 @@
 """fairseq adapters of the task losses: fast text conversion equals Dictionary.string,
 the lm cost equals a teacher-forced log-probability, BatchScorer caches references
-per batch only, cost specs parse with clear errors."""
+per batch only, cost specs parse with clear errors, --*-post-process auto follows the
+target dictionary (and an explicit value that disagrees with it is warned about)."""
+import logging
+import os
+
 import pytest
 import torch
 from fairseq.data import Dictionary
 
+from fairseq_ext import toy
 from fairseq_ext.generators.candidates import DecodeConfig
-from fairseq_ext.losses import LMScorerCost, SequenceCost
+from fairseq_ext.losses import LMScorerCost, SequenceCost, resolve_post_process
 from fairseq_ext.sequence_level import BatchScorer, parse_cost_spec
+
+SP = "\u2581"
 
 
 def _dict():
@@ -73,3 +80,116 @@ def test_parse_cost_spec():
         parse_cost_spec("edit=x")
     with pytest.raises(ValueError, match="twice"):
         parse_cost_spec("edit,edit")
+
+
+def _dict_of(symbols):
+    d = Dictionary()
+    for w in symbols:
+        d.add_symbol(w)
+    return d
+
+
+SP_DICT = [SP + "the", SP + "ca", "t", SP + "sat", "."]
+BPE_DICT = ["the", "ca@@", "t", "sat", "."]
+WORD_DICT = ["the", "cat", "sat", "."]
+
+
+@pytest.mark.parametrize("symbols,value,expected,warns", [
+    (SP_DICT, "auto", "sentencepiece", False),
+    (BPE_DICT, "auto", "subword_nmt", False),
+    (WORD_DICT, "auto", None, False),
+    (SP_DICT, "sentencepiece", "sentencepiece", False),
+    (BPE_DICT, "@@ ", "@@ ", False),
+    (WORD_DICT, "none", None, False),
+    (WORD_DICT, "wordpiece", "wordpiece", False),  # a scheme the detector does not know: trusted
+    (SP_DICT, "none", None, True),  # sBLEU on pieces
+    (SP_DICT, None, None, True),
+    (BPE_DICT, "sentencepiece", "sentencepiece", True),
+    (WORD_DICT, "subword_nmt", "subword_nmt", True),
+])
+def test_resolve_post_process(caplog, symbols, value, expected, warns):
+    with caplog.at_level(logging.INFO, logger="fairseq_ext.losses"):
+        assert resolve_post_process(value, _dict_of(symbols), "--mrt-post-process", ["sbleu"]) == expected
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert bool(warnings) == warns, warnings
+    for message in warnings:
+        assert message.startswith(f"--mrt-post-process {value or 'none'}") and "sbleu will be scored on" in message
+    if value == "auto":  # the choice is logged once
+        infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+        assert len(infos) == 1 and infos[0].startswith(f"--mrt-post-process auto: {expected or 'none'}")
+
+
+def test_resolve_post_process_rejects_unknown_value():
+    with pytest.raises(ValueError, match="--pg-post-process: unknown value 'spm'"):
+        resolve_post_process("spm", _dict_of(SP_DICT), "--pg-post-process", ["sbleu"])
+
+
+def test_post_process_only_resolved_for_text_costs(tiny_models, caplog):
+    task, _ = tiny_models["transformer"]
+    with caplog.at_level(logging.INFO, logger="fairseq_ext.losses"):
+        assert BatchScorer(task, "edit", post_process="sentencepiece").post_process is None
+    assert not caplog.records  # edit compares symbols: no BPE removal, nothing to say
+    with pytest.raises(ValueError, match="--mrt-post-process: unknown value 'spm'"):
+        BatchScorer(task, "edit", post_process="spm", criterion="mrt")
+
+
+def _pieces(line, scheme):
+    """A word-level line in sentencepiece / subword-nmt form: every word of three or more
+    letters split after its second letter."""
+    out = []
+    for w in line.split():
+        head, tail = w[:2], w[2:]
+        if scheme == "sentencepiece":
+            out += [SP + head] + ([tail] if tail else [])
+        else:
+            out += [head + "@@", tail] if tail else [head]
+    return " ".join(out)
+
+
+@pytest.fixture(scope="module", params=["sentencepiece", "subword_nmt"])
+def pieces_bin(request, toy_raw, tmp_path_factory):
+    """The toy corpus segmented into (hand-made) subword pieces, binarized: (scheme, data dir)."""
+    raw = tmp_path_factory.mktemp(f"raw_{request.param}")
+    for split in ("train", "valid", "test"):
+        for side in ("src", "tgt"):
+            with open(os.path.join(toy_raw, f"{split}.{side}")) as f:
+                (raw / f"{split}.{side}").write_text("".join(_pieces(l, request.param) + "\n" for l in f))
+    return request.param, toy.binarize_translation(str(raw), str(tmp_path_factory.mktemp(f"bin_{request.param}")))
+
+
+@pytest.mark.parametrize("criterion", [["--criterion", "mgs", "--mgs-task-loss", "sbleu"],
+                                       ["--criterion", "mrt", "--mrt-task-loss", "chrf=1,edit=1"],
+                                       ["--criterion", "pg"]])
+def test_criteria_score_text_without_pieces_by_default(pieces_bin, toy_raw, criterion, caplog):
+    """End to end from the command line's options: a criterion built by fairseq with its
+    default --*-post-process scores the references of a BPE'd data set as the original words."""
+    scheme, data = pieces_bin
+    task, _, args = toy.build_task_and_model(data, "translation", "transformer", criterion)
+    with caplog.at_level(logging.INFO, logger="fairseq_ext.losses"):
+        crit = task.build_criterion(args)
+    assert any(f"post-process auto: {scheme}" in r.getMessage() for r in caplog.records)
+    task.load_dataset("valid")
+    ds = task.dataset("valid")
+    batch = ds.collater([ds[i] for i in range(5)])
+    seen = []
+    for cost in crit.scorer.costs.values():  # record what the text losses receive
+        if cost.loss.input_kind == "text":
+            cost.from_converted = (lambda hyps, refs, sources=None, score=cost.from_converted:
+                                   seen.append((hyps, refs)) or score(hyps, refs, sources))
+    refs = crit.scorer.references(batch)
+    crit.scorer.score(refs, torch.arange(len(refs)), batch)
+    with open(os.path.join(toy_raw, "valid.tgt")) as f:
+        words = f.read().splitlines()
+    expected = [words[i] for i in batch["id"].tolist()]
+    assert seen and all(hyps == refs == expected for hyps, refs in seen)
+
+
+def test_forced_none_on_pieces_warns(pieces_bin, caplog):
+    scheme, data = pieces_bin
+    task, _, args = toy.build_task_and_model(data, "translation", "transformer",
+                                             ["--criterion", "mgs", "--mgs-post-process", "none"])
+    with caplog.at_level(logging.INFO, logger="fairseq_ext.losses"):
+        assert task.build_criterion(args).scorer.post_process is None
+    warning = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warning) == 1 and warning[0].startswith("--mgs-post-process none, but")
+    assert scheme in warning[0] or ("@@" if scheme == "subword_nmt" else SP) in warning[0]

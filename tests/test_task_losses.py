@@ -8,6 +8,7 @@ from fairseq_ext.core.task_losses import (
     TASK_LOSSES,
     TaskLoss,
     build_task_loss,
+    detect_subword_scheme,
     parse_label_weights,
     pooled_mean,
     register_task_loss,
@@ -201,3 +202,27 @@ def test_pooled_mean_without_distributed():
     assert pooled_mean(torch.tensor([[1.0, 2.0], [3.0, 6.0]])).item() == pytest.approx(3.0)
     empty = pooled_mean(torch.zeros(0))
     assert empty.item() == 0.0 and not torch.isnan(empty)
+
+
+SP = "\u2581"
+
+
+@pytest.mark.parametrize("symbols,scheme", [
+    ([SP + "the", SP + "ca", "t", SP + "sat", ".", SP], "sentencepiece"),
+    (["the", "ca@@", "t", "sat", ".", "re@@", "d@@", "dish"], "subword_nmt"),
+    (["the", "cat", "sat", ".", "e-mail"], None),
+    ([], None),
+])
+def test_detect_subword_scheme(symbols, scheme):
+    assert detect_subword_scheme(symbols)[0] == scheme
+
+
+def test_detect_subword_scheme_share_and_threshold():
+    words = [f"w{i}" for i in range(38)]
+    # 2 of 40 symbols marked: 5%, at the default threshold; 1 of 40 is a stray symbol, not a scheme
+    assert detect_subword_scheme(words + ["ab@@", "c@@"]) == ("subword_nmt", 0.05)
+    assert detect_subword_scheme(words + ["ab@@", "c"]) == (None, 0.025)
+    assert detect_subword_scheme(words + ["ab@@", "c"], min_share=0.01) == ("subword_nmt", 0.025)
+    # both marks: the more frequent one wins
+    assert detect_subword_scheme([SP + "a", SP + "b", "c@@", "d"]) == ("sentencepiece", 0.5)
+    assert detect_subword_scheme([SP + "a", "b@@", "c@@", "d"]) == ("subword_nmt", 0.5)

@@ -15,7 +15,8 @@ hamming  tokens    yes       Σ_{i<|y|} w(y_i) [ŷ_i != y_i], optionally normali
 ======== ========= ========= ====================================================
 
 "text" losses take strings that the caller has already BPE-removed and
-detokenized. "tokens" losses take token sequences (lists or tuples of ints or
+detokenized (``detect_subword_scheme`` tells which subword segmentation a
+vocabulary or a text looks like, so callers can check). "tokens" losses take token sequences (lists or tuples of ints or
 strings, or 1-D LongTensors). For ``edit``, ``rep`` and ``hamming`` the caller
 strips EOS and padding first; ``nonterm`` needs the EOS kept.
 
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -339,6 +340,35 @@ def parse_label_weights(spec: str) -> dict[str, float]:
             raise ValueError(f"label {label!r} is given twice in {spec!r}")
         weights[label] = weight
     return weights
+
+
+SUBWORD_MARKS = {
+    "sentencepiece": "start with '\u2581'",  # word-initial pieces carry U+2581 (LOWER ONE EIGHTH BLOCK)
+    "subword_nmt": "end with '@@'",  # word-internal pieces are followed by '@@'
+}
+
+
+def detect_subword_scheme(symbols: Iterable[str], min_share: float = 0.05) -> tuple[Optional[str], float]:
+    """Which subword segmentation ``symbols`` look like, with the share of them marked.
+
+    symbols: a vocabulary's symbols (special symbols left out) or the whitespace
+        tokens of a text.
+    Returns ``("sentencepiece", share)`` when the share of symbols starting with
+    U+2581 is the larger mark and at least ``min_share``, ``("subword_nmt",
+    share)`` likewise for symbols ending in ``@@``, else ``(None, larger share)``.
+    Neither mark occurs in ordinary words, so a real subword vocabulary is far
+    above the 5% default (sentencepiece: most words start a piece; subword-nmt:
+    every split word leaves an ``@@`` piece), and a word vocabulary is at 0.
+    """
+    n = sp = bpe = 0
+    for s in symbols:
+        n += 1
+        sp += s.startswith("\u2581")
+        bpe += s.endswith("@@")
+    if n == 0:
+        return None, 0.0
+    scheme, share = ("sentencepiece", sp / n) if sp >= bpe else ("subword_nmt", bpe / n)
+    return (scheme if share > 0 and share >= min_share else None), share
 
 
 def pooled_mean(costs: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ from fairseq_ext.core.task_losses import pooled_mean
 from fairseq_ext.criterions.clock import TrainingClock, check_model_at_start
 from fairseq_ext.data_parallel import unwrap
 from fairseq_ext.generators.candidates import DecodeConfig
+from fairseq_ext.losses import POST_PROCESS_HELP
 from fairseq_ext.sequence_level import BatchScorer, check_candidate_model
 
 logger = logging.getLogger(__name__)
@@ -73,9 +74,7 @@ class MGSConfig(FairseqDataclass):
     mgs_score_model: Optional[str] = field(
         default=None, metadata={"help": "checkpoint scoring the lm cost (default: frozen copy of the starting model)"}
     )
-    mgs_post_process: Optional[str] = field(
-        default=None, metadata={"help": "BPE removal before text costs (sentencepiece, subword_nmt, ...)"}
-    )
+    mgs_post_process: str = field(default="auto", metadata={"help": POST_PROCESS_HELP})
     seed: int = II("common.seed")
 
 
@@ -90,7 +89,7 @@ class MGSCriterion(FairseqCriterion):
     def __init__(self, task, mgs_candidates=4, mgs_mixture=0.5, mgs_alternate=False, mgs_proposal="mixture",
                  mgs_noise=1.0, mgs_noise_scale="per_tensor", mgs_importance="unit", mgs_alpha=1.0,
                  mgs_task_loss="sbleu", mgs_decoder="greedy", mgs_beam=4, mgs_max_len_ratio=1.3, mgs_mle_clip=1.0,
-                 mgs_score_model=None, mgs_post_process=None, seed=1):
+                 mgs_score_model=None, mgs_post_process="auto", seed=1):
         super().__init__(task)
         if not mgs_alpha > 0:
             raise ConfigError(f"--mgs-alpha must be > 0, got {mgs_alpha}")
@@ -105,7 +104,8 @@ class MGSCriterion(FairseqCriterion):
         )
         self.alpha = mgs_alpha
         self.mle_clip = mgs_mle_clip
-        self.scorer = BatchScorer(task, mgs_task_loss, post_process=mgs_post_process, score_model=mgs_score_model)
+        self.scorer = BatchScorer(task, mgs_task_loss, post_process=mgs_post_process, score_model=mgs_score_model,
+                                   criterion="mgs")
         decoder = str(mgs_decoder)
         self.decode_cfg = DecodeConfig(
             strategy=decoder, beam_size=mgs_beam if decoder == "beam" else None, max_len_ref_ratio=mgs_max_len_ratio

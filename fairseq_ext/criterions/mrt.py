@@ -6,7 +6,6 @@ expected task loss under q, summed over the batch (sample size = sentences),
 plus ``--mrt-mle-weight`` times the sequence NLL of the reference.
 """
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 from fairseq.criterions import register_criterion
@@ -16,6 +15,7 @@ from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.risk import mrt_risk, normalize_costs
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
 from fairseq_ext.generators.candidates import DecodeConfig
+from fairseq_ext.losses import POST_PROCESS_HELP
 from fairseq_ext.sequence_level import BatchScorer
 
 
@@ -35,7 +35,7 @@ class MRTConfig(FairseqDataclass):
     mrt_mle_weight: float = field(default=0.0, metadata={"help": "weight of the reference's sequence NLL"})
     mrt_task_loss: str = field(default="sbleu", metadata={"help": "task loss: a registered cost or 'edit=1,rep=0.5'"})
     mrt_max_len_ratio: float = field(default=1.3, metadata={"help": "max length: ratio x longest reference"})
-    mrt_post_process: Optional[str] = field(default=None, metadata={"help": "BPE removal before text costs"})
+    mrt_post_process: str = field(default="auto", metadata={"help": POST_PROCESS_HELP})
 
 
 @register_criterion("mrt", dataclass=MRTConfig)
@@ -44,12 +44,12 @@ class MRTCriterion(CandidateRiskCriterion):
 
     def __init__(self, task, mrt_candidates=8, mrt_decoder="sample", mrt_topk=0, mrt_alpha=1.0,
                  mrt_include_reference=False, mrt_length_normalize=False, mrt_normalize_costs=False,
-                 mrt_mle_weight=0.0, mrt_task_loss="sbleu", mrt_max_len_ratio=1.3, mrt_post_process=None):
+                 mrt_mle_weight=0.0, mrt_task_loss="sbleu", mrt_max_len_ratio=1.3, mrt_post_process="auto"):
         if mrt_candidates < 1:
             raise ConfigError(f"--mrt-candidates must be >= 1, got {mrt_candidates}")
         if not mrt_alpha > 0:
             raise ConfigError(f"--mrt-alpha must be > 0, got {mrt_alpha}")
-        scorer = BatchScorer(task, mrt_task_loss, post_process=mrt_post_process, option="--mrt-task-loss")
+        scorer = BatchScorer(task, mrt_task_loss, post_process=mrt_post_process, criterion="mrt")
         decode_cfg = DecodeConfig(strategy=str(mrt_decoder), num_candidates=mrt_candidates, topk=mrt_topk,
                                   max_len_ref_ratio=mrt_max_len_ratio)
         super().__init__(task, "mrt", scorer, decode_cfg, mrt_mle_weight)

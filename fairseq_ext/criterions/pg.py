@@ -9,7 +9,6 @@ it exactly, see ``criterions/clock.py``), the cost of the greedy decode of the s
 reference's sequence NLL.
 """
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 from fairseq.criterions import register_criterion
@@ -21,6 +20,7 @@ from fairseq_ext.core.task_losses import pooled_mean
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
 from fairseq_ext.criterions.clock import CheckpointedValue, TrainingClock
 from fairseq_ext.generators.candidates import DecodeConfig
+from fairseq_ext.losses import POST_PROCESS_HELP
 from fairseq_ext.sequence_level import BatchScorer
 
 
@@ -35,7 +35,7 @@ class PGConfig(FairseqDataclass):
     pg_mle_weight: float = field(default=0.0, metadata={"help": "weight of the reference's sequence NLL"})
     pg_task_loss: str = field(default="sbleu", metadata={"help": "task loss: a registered cost or 'edit=1,rep=0.5'"})
     pg_max_len_ratio: float = field(default=1.3, metadata={"help": "max length: ratio x longest reference"})
-    pg_post_process: Optional[str] = field(default=None, metadata={"help": "BPE removal before text costs"})
+    pg_post_process: str = field(default="auto", metadata={"help": POST_PROCESS_HELP})
 
 
 @register_criterion("pg", dataclass=PGConfig)
@@ -43,10 +43,10 @@ class PGCriterion(CandidateRiskCriterion):
     LOG_KEYS = ("loss", "cost_mean", "baseline", "nll")
 
     def __init__(self, task, pg_samples=4, pg_topk=0, pg_baseline="moving", pg_baseline_decay=0.9,
-                 pg_mle_weight=0.0, pg_task_loss="sbleu", pg_max_len_ratio=1.3, pg_post_process=None):
+                 pg_mle_weight=0.0, pg_task_loss="sbleu", pg_max_len_ratio=1.3, pg_post_process="auto"):
         if pg_samples < 1:
             raise ConfigError(f"--pg-samples must be >= 1, got {pg_samples}")
-        scorer = BatchScorer(task, pg_task_loss, post_process=pg_post_process, option="--pg-task-loss")
+        scorer = BatchScorer(task, pg_task_loss, post_process=pg_post_process, criterion="pg")
         decode_cfg = DecodeConfig(strategy="sample", num_candidates=pg_samples, topk=pg_topk,
                                   max_len_ref_ratio=pg_max_len_ratio)
         super().__init__(task, "pg", scorer, decode_cfg, pg_mle_weight)
