@@ -24,7 +24,7 @@ setup(
         # the paper-scale recipes (examples/*/run.sh): Moses tokenization and subword-nmt BPE
         "recipes": ["sacremoses", "subword-nmt"],
         # matplotlib and tensorboardX too, so that every figure and --tensorboard-logdir are tested
-        "test": ["pytest", "hypothesis", "sacremoses", "subword-nmt", "matplotlib", "tensorboardX"],
+        "test": ["pytest", "pytest-xdist", "hypothesis", "sacremoses", "subword-nmt", "matplotlib", "tensorboardX"],
         "plot": ["matplotlib"],
         # fairseq-train --tensorboard-logdir (fairseq falls back to tensorboardX without tensorboard)
         "tensorboard": ["tensorboardX"],

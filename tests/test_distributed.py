@@ -145,8 +145,16 @@ class Run:
 _CACHE = {}
 
 
+def _by_criterion(names):
+    """Parameters for ``criterion``, one pytest-xdist group each: a criterion's runs are
+    made once, by the worker that runs all of its tests."""
+    return [pytest.param(c, marks=pytest.mark.xdist_group(f"distributed-{c}")) for c in sorted(names)]
+
+
 @pytest.fixture(scope="module")
-def runs(request, mt, toy_lm_bin, base_lm, negatives, tmp_path_factory):  # noqa: F811
+def runs(request, mt, tmp_path_factory):
+    """``runs(criterion)``: that criterion's runs, made on first use (the residual
+    LM fixtures only for residual_nce, so a test worker builds only what it runs)."""
     def get(criterion):
         if criterion not in _CACHE:
             _CACHE[criterion] = _run_all(criterion, tmp_path_factory.mktemp(criterion))
@@ -154,6 +162,8 @@ def runs(request, mt, toy_lm_bin, base_lm, negatives, tmp_path_factory):  # noqa
 
     def _run_all(criterion, root):
         if criterion == "residual_nce":
+            toy_lm_bin, base_lm, negatives = (request.getfixturevalue(name)
+                                              for name in ("toy_lm_bin", "base_lm", "negatives"))
             base = [toy_lm_bin, *RESIDUAL_TASK[2:], "--base-lm", base_lm, "--negatives-dir", negatives,
                     "--arch", "residual_energy", "--energy-variant", "bit", "--encoder-layers", "1",
                     "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
@@ -203,7 +213,7 @@ def _assert_logs_close(got, ref):
 
 
 @pytest.mark.parametrize("backend", ["c10d", "legacy"])
-@pytest.mark.parametrize("criterion", list(CRITERIA))
+@pytest.mark.parametrize("criterion", _by_criterion(CRITERIA))
 def test_ranks_hold_identical_parameters(criterion, backend, runs):
     run = runs(criterion)[backend]
     assert run.ranks() == 2
@@ -215,7 +225,7 @@ def test_ranks_hold_identical_parameters(criterion, backend, runs):
 
 
 @pytest.mark.parametrize("backend", ["c10d", "legacy"])
-@pytest.mark.parametrize("criterion", sorted(set(CRITERIA) - SAMPLING))
+@pytest.mark.parametrize("criterion", _by_criterion(set(CRITERIA) - SAMPLING))
 def test_two_processes_equal_one_on_the_union(criterion, backend, runs):
     r = runs(criterion)
     for update in range(1, UPDATES + 1):
@@ -223,7 +233,7 @@ def test_two_processes_equal_one_on_the_union(criterion, backend, runs):
     _assert_logs_close(r[backend].logs(), r["ref"].logs())
 
 
-@pytest.mark.parametrize("criterion", sorted(set(CRITERIA) - SAMPLING - {"residual_nce"}))
+@pytest.mark.parametrize("criterion", _by_criterion(set(CRITERIA) - SAMPLING - {"residual_nce"}))
 def test_update_freq_two_equals_one_batch_of_twice_the_size(criterion, runs):
     r = runs(criterion)
     diff = _max_diff(r["uf2"].params(1), r["ref"].params(1))
@@ -246,7 +256,7 @@ def _train_logs(run):
     return [{k: v for k, v in log.items() if k not in UNLOGGED} for log in run.logs()]
 
 
-@pytest.mark.parametrize("criterion", list(CRITERIA))
+@pytest.mark.parametrize("criterion", _by_criterion(CRITERIA))
 def test_resumed_run_continues_exactly(criterion, runs):
     """Resumed mid-epoch from an update checkpoint, two more updates: both bitwise."""
     r = runs(criterion)
