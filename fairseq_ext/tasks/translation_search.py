@@ -47,6 +47,7 @@ class TranslationSearchTask(TaskBatching, TranslationTask):
 
     def build_generator(self, models, args, **kwargs):
         ours = build_beam_generator(
-            models, self.target_dictionary, args, str(self.cfg.translation_search), self.cfg, "--translation-search",
-            max_len_a=float(getattr(args, "max_len_a", 0.0)), max_len_b=int(getattr(args, "max_len_b", 200)))
+            self, models, self.target_dictionary, args, str(self.cfg.translation_search), self.cfg,
+            "--translation-search", max_len_a=float(getattr(args, "max_len_a", 0.0)),
+            max_len_b=int(getattr(args, "max_len_b", 200)))
         return ours if ours is not None else super().build_generator(models, args, **kwargs)
