@@ -681,8 +681,9 @@ def test_self_normalized_ce_drives_log_z_to_zero(toy_bin, tmp_path):
 def test_fairseq_generate_with_hard_and_soft_beam_search(conll, cache, tmp_path):
     """--tagging-search hard (raw-score ranking) and soft (alpha -> inf) return
     fairseq's beam-search hypotheses on a trained tagger (forced length: equal
-    lengths, so fairseq's length normalisation does not reorder them); global
-    scores and a small alpha run too."""
+    lengths, so fairseq's length normalisation does not reorder them); at beam 1
+    the global (raw-logit) search is fairseq's greedy search; a small alpha runs
+    too."""
     task_args = ["--user-dir", os.path.join(REPO, "fairseq_ext"), "--task", "sequence_tagging", "--cache-dir", cache]
     run_cli(["fairseq-train", conll, *task_args, "--arch", "tagging_lstm_tiny", "--criterion", "cross_entropy",
              "--optimizer", "adam", "--lr", "0.01", "--batch-size", "16", "--max-update", "120", "--num-workers", "0",
@@ -691,7 +692,8 @@ def test_fairseq_generate_with_hard_and_soft_beam_search(conll, cache, tmp_path)
     for name, extra in (("fairseq", []), ("hard", ["--tagging-search", "hard"]),
                         ("soft", ["--tagging-search", "soft", "--search-alpha", "1e9"]),
                         ("soft_a1", ["--tagging-search", "soft", "--search-alpha", "1"]),
-                        ("global", ["--tagging-search", "hard", "--search-normalization", "global"])):
+                        ("fairseq1", ["--beam", "1"]),
+                        ("global1", ["--tagging-search", "hard", "--search-normalization", "global", "--beam", "1"])):
         out = run_cli(["fairseq-generate", conll, *task_args, "--path", str(tmp_path / "ck" / "checkpoint_last.pt"),
                        "--gen-subset", "test", "--beam", "3", "--batch-size", "8", *extra]).stdout
         hyps[name] = {l.split("\t")[0]: l.split("\t")[2] for l in out.splitlines() if l.startswith("H-")}
@@ -701,6 +703,6 @@ def test_fairseq_generate_with_hard_and_soft_beam_search(conll, cache, tmp_path)
          "--gen-subset", "test", "--beam", "3", "--batch-size", "8", "--tagging-search", "soft", "--search-alpha", "1"])
     assert {f"H-{i}": h[0].split("\t")[1] for i, h in sharded.items()} == hyps["soft_a1"]
     assert hyps["hard"] == hyps["fairseq"] and hyps["soft"] == hyps["fairseq"]
-    for name in ("soft_a1", "global"):
-        assert hyps[name].keys() == hyps["fairseq"].keys()
-        assert all(len(hyps[name][i].split()) == len(hyps["fairseq"][i].split()) for i in hyps[name])
+    assert hyps["soft_a1"].keys() == hyps["fairseq"].keys()
+    assert all(len(hyps["soft_a1"][i].split()) == len(hyps["fairseq"][i].split()) for i in hyps["soft_a1"])
+    assert hyps["global1"] == hyps["fairseq1"]  # raw-score greedy is greedy: softmax keeps the argmax
