@@ -637,6 +637,18 @@ def test_decoding_defaults_to_the_checkpoints_normalization(toy_bin, tmp_path):
     assert "trained with" not in runs["default"].stderr + runs["default"].stdout
 
 
+def test_bad_length_options_are_refused(translators):
+    from fairseq_ext.cli import ConfigError
+    from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss
+
+    task, model, sample = translators["lstm"]
+    with pytest.raises(ConfigError, match="--soft-beam-extra-len must be >= 0"):
+        SoftBeamDirectLoss(task, soft_beam_extra_len=-1)
+    gen = BeamGenerator([model], task.target_dictionary, beam=2, soft=False, max_len_a=0.0, max_len_b=0)
+    with pytest.raises(ConfigError, match="--max-len-a 0.0 / --max-len-b 0 allow 0 tokens"):
+        gen.generate([model], sample)
+
+
 def test_bad_hamming_weights_are_refused(conll, cache, tmp_path):
     with pytest.raises(AssertionError, match="--hamming-weights"):
         run_cli(["fairseq-train", conll, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--task",
