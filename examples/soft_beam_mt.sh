@@ -18,8 +18,10 @@
 #                         at the lower lr, no search)
 #   ce_local, ce_global   soft_beam_direct_loss from ce, local / global scores
 #   sn_local, sn_global   soft_beam_direct_loss from sn, local / global scores
-# soft_beam_direct_loss: k = 3, Hamming cost over BPE tokens against the reference,
-# horizon = reference length (EOS included); alpha 1 -> ALPHA_FINAL geometrically
+# soft_beam_direct_loss: k = 3, Hamming cost over BPE tokens against the reference
+# (over the longer of hypothesis and reference), open length under the decoder's
+# EOS rules up to reference length + 2 (--soft-beam-extra-len), no dropout in the
+# search pass (--soft-beam-dropout none); alpha 1 -> ALPHA_FINAL geometrically
 # over ALPHA_UPDATES updates, then held.
 # Decoding (task translation_search, dev = val and test2016, --max-len-a 1.2
 # --max-len-b 10, --post-process sentencepiece): every model greedy (--beam 1,

@@ -61,8 +61,11 @@ SAVING = ["--save-interval-updates", "1", "--keep-interval-updates", "-1"]
 if "update_epoch_batch_itr" in DatasetConfig.__dataclass_fields__:
     COMMON += ["--update-epoch-batch-itr", "True"]
 MT_MODEL = toy.TINY_ARCHS["transformer"] + ["--task", "translation", "--dropout", "0.0"]
+# a smaller lr than COMMON's: the translation search's EOS decisions (MAP outputs) make
+# the loss piecewise, and at lr 0.5 a 1e-5 difference between the layouts after two
+# updates can cross a boundary in the third (measured: 1.7e-2 apart at update 3)
 SB = ["--soft-beam-size", "2", "--soft-beam-alpha", "1", "--soft-beam-alpha-schedule", "linear",
-      "--soft-beam-alpha-final", "10", "--soft-beam-alpha-updates", "3"]
+      "--soft-beam-alpha-final", "10", "--soft-beam-alpha-updates", "3", "--lr", "0.05"]
 CRITERIA = {
     "mgs": ["--criterion", "mgs", "--mgs-candidates", "2", "--mgs-task-loss", "edit"],
     "mrt": ["--criterion", "mrt", "--mrt-decoder", "beam", "--mrt-candidates", "2", "--mrt-task-loss", "edit",

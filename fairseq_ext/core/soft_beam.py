@@ -17,6 +17,9 @@ squared or multiplied).
 - ``soft_beam_loss`` (line 19, eq. 4.2): L = peaked-softmax_alpha(s_T) . D_T;
   ``soft_max_score``: s_max = peaked-softmax_alpha(s_T) . s_T (hinge, section 4.4).
 - ``hamming_step_costs``: the decomposable Hamming cost d_t(w) = c(w) [w != y*_t].
+- ``open_length_hamming_costs``: the same cost for hypotheses of any length
+  (ended by EOS): Hamming over max(hypothesis, reference) positions, an absent
+  position counting as an error.
 
 As alpha -> inf (no ties among the top-k candidates) every p_i tends to the
 one-hot top-k index pair, the soft beam to the hard beam and L to the Hamming
@@ -157,4 +160,29 @@ def hamming_step_costs(gold: Tensor, vocab_size: int, weights: Optional[Tensor] 
     costs.scatter_(-1, gold.unsqueeze(-1), 0.0)
     if ignore_index is not None:
         costs = costs.masked_fill(gold.eq(ignore_index).unsqueeze(-1), 0.0)
+    return costs
+
+
+def open_length_hamming_costs(gold: Tensor, steps: int, vocab_size: int, eos: int, pad: int,
+                              weights: Optional[Tensor] = None) -> Tensor:
+    """Step costs d_t(w) (B, steps, V) whose sum along any hypothesis ended by EOS
+    is its Hamming distance to the reference over max(len(hyp), len(ref))
+    positions, a position that one of the two lacks counting as an error.
+
+    gold: (B, L) references (each ends with EOS, then ``pad``). For t < len(ref):
+    d_t(w) = c(w) [w != y*_t]; past the reference every token costs c(w); EOS at
+    t < len(ref) - 1 costs c(EOS) plus the len(ref) - 1 - t reference positions it
+    leaves unmatched (cost 1 each); ``pad`` (what a finished hypothesis outputs)
+    costs 0. c: ``weights`` (V,), keyed by the predicted token (default 1)."""
+    B, L = gold.shape
+    lengths = gold.ne(pad).sum(1, keepdim=True)  # (B, 1)
+    t = torch.arange(steps, device=gold.device).view(1, steps)
+    padded = gold.new_full((B, max(steps, L)), pad)
+    padded[:, :L] = gold
+    ref = padded[:, :steps].masked_fill(t >= lengths, pad)  # y*_t, pad past the reference
+    c = torch.ones(vocab_size, device=gold.device) if weights is None else weights.to(gold.device)
+    costs = c.expand(B, steps, vocab_size).clone()
+    costs.scatter_(-1, ref.unsqueeze(-1), 0.0)  # w = y*_t costs 0 (pad's column is zeroed below anyway)
+    costs[..., eos] += (lengths - 1 - t).clamp(min=0).to(costs.dtype)
+    costs[..., pad] = 0.0
     return costs

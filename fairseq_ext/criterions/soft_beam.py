@@ -3,8 +3,15 @@ training through a continuous relaxation of beam search (Goyal thesis, chapter 4
 chapter 5 for ``--normalization global``).
 
 Each step runs the relaxed beam (``fairseq_ext.generators.soft_beam.run_beam``,
-Algorithm 3) over every sentence for a horizon of its gold length, with the
-decomposable Hamming cost d_t(w) = c(w) [w != y*_t]:
+Algorithm 3) over every sentence with a decomposable Hamming cost:
+
+- tagging (a task with ``forced_output_length``): for the gold length, d_t(w) =
+  c(w) [w != y*_t];
+- otherwise (translation) under the decoder's rules: an open length ended by EOS
+  (no special symbol but EOS proposed, no EOS first), EOS forced after
+  ``--soft-beam-extra-len`` tokens past the reference length, and the Hamming
+  cost over max(hypothesis, reference) positions, a missing position counting as
+  an error (``core.soft_beam.open_length_hamming_costs``).
 
 - ``soft_beam_direct_loss`` minimises L = peaked-softmax_alpha(s_T) . D_T, the
   relaxed cost of the beam's best element (eq. 4.2);
@@ -17,6 +24,10 @@ Scores are log-softmax outputs (``--normalization local``) or raw logits
 (``global``: a globally normalised model, chapter 5). alpha follows
 ``--soft-beam-alpha-schedule`` over updates (annealing matters, section 4.3.3).
 The loss is summed over sentences; the sample size is the number of sentences.
+``--soft-beam-dropout`` chooses the dropout of the search pass (``none``: eval
+mode; ``shared``: one mask per sentence for its beam rows; ``independent``); the
+hinge's gold pass keeps the model's dropout. The criterion keeps its
+``--normalization`` in the checkpoint (task state) as the decoding default.
 Logged: ``loss``, ``beam_cost`` (the Hamming cost of the soft beam's decoded
 best hypothesis, hard backpointers: section 4.3.4), ``soft_beam_alpha``.
 """
@@ -29,11 +40,22 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.schedules import ALPHA_SCHEDULES, interpolated
-from fairseq_ext.core.soft_beam import hamming_step_costs, soft_beam_loss, soft_max_score
+from fairseq_ext.core.soft_beam import (
+    hamming_step_costs,
+    open_length_hamming_costs,
+    soft_beam_loss,
+    soft_max_score,
+)
 from fairseq_ext.core.task_losses import parse_label_weights
 from fairseq_ext.criterions.clock import TrainingClock, check_model_at_start
 from fairseq_ext.data_parallel import forward_in_wrapper
-from fairseq_ext.generators.soft_beam import NORMALIZATIONS, local_scores, run_beam
+from fairseq_ext.generators.soft_beam import (
+    DROPOUT_MODES,
+    NORMALIZATIONS,
+    local_scores,
+    remember_normalization,
+    run_beam,
+)
 from fairseq_ext.generators.soft_inputs import check_step_decodable
 
 
@@ -53,13 +75,20 @@ class SoftBeamConfig(FairseqDataclass):
         default="",
         metadata={"help": "cost of predicting a label wrongly, e.g. 'O=2.0' (the thesis's NER setting); default 1"},
     )
+    soft_beam_extra_len: int = field(
+        default=2, metadata={"help": "translation: the search may run this many tokens past the reference length, "
+                                     "then EOS is forced (tagging searches the gold length)"})
+    soft_beam_dropout: ChoiceEnum(DROPOUT_MODES) = field(
+        default="none", metadata={"help": "dropout of the search pass: none (eval mode), shared (one mask per sentence "
+                                          "for its beam rows) or independent (every beam row its own)"})
 
 
 class _SoftBeamCriterion(FairseqCriterion):
     hinge = False
 
     def __init__(self, task, soft_beam_size=3, soft_beam_alpha=1.0, soft_beam_alpha_schedule="fixed",
-                 soft_beam_alpha_final=1.0, soft_beam_alpha_updates=1000, normalization="local", hamming_weights=""):
+                 soft_beam_alpha_final=1.0, soft_beam_alpha_updates=1000, normalization="local", hamming_weights="",
+                 soft_beam_extra_len=2, soft_beam_dropout="none"):
         super().__init__(task)
         if soft_beam_size < 1:
             raise ConfigError(f"--soft-beam-size must be >= 1, got {soft_beam_size}")
@@ -73,6 +102,12 @@ class _SoftBeamCriterion(FairseqCriterion):
         if not soft_beam_alpha > 0:
             raise ConfigError(f"--soft-beam-alpha must be > 0, got {soft_beam_alpha}")
         self.normalization = str(normalization)
+        remember_normalization(task, self.normalization)
+        if soft_beam_extra_len < 0:
+            raise ConfigError(f"--soft-beam-extra-len must be >= 0, got {soft_beam_extra_len}")
+        self.extra_len, self.dropout = soft_beam_extra_len, str(soft_beam_dropout)
+        self.open_length = not getattr(task, "forced_output_length", False)
+        self.eos = task.target_dictionary.eos()
         dictionary = task.target_dictionary
         try:
             weights = parse_label_weights(hamming_weights)
@@ -97,10 +132,16 @@ class _SoftBeamCriterion(FairseqCriterion):
     def _forward(self, model, sample):
         target = sample["target"]
         horizon = target.ne(self.padding_idx).sum(1)
-        costs = hamming_step_costs(target, self.label_costs.numel(), self.label_costs, self.padding_idx)
+        V = self.label_costs.numel()
+        if self.open_length:
+            horizon = (horizon + self.extra_len).clamp(max=model.max_decoder_positions())
+            costs = open_length_hamming_costs(target, int(horizon.max()), V, self.eos, self.padding_idx,
+                                              self.label_costs)
+        else:
+            costs = hamming_step_costs(target, V, self.label_costs, self.padding_idx)
         alpha = self.alpha()
         result = run_beam(model, sample["net_input"], horizon, self.k, alpha, self.normalization, costs,
-                          augment=self.hinge)
+                          augment=self.hinge, stop_at_eos=self.open_length, dropout=self.dropout)
         if self.hinge:
             gold = self.gold_scores(model, sample)
             losses = torch.relu(soft_max_score(result.scores, alpha) - gold)
@@ -109,9 +150,8 @@ class _SoftBeamCriterion(FairseqCriterion):
         if not torch.isfinite(losses).all():
             raise FloatingPointError(f"{type(self).__name__}: non-finite loss for {int((~torch.isfinite(losses)).sum())} "
                                      "sentence(s); check --normalization and the model's scores")
-        best = result.best_tokens()
-        beam_cost = costs.gather(-1, best.unsqueeze(-1)).squeeze(-1)
-        beam_cost = beam_cost.masked_fill(target.eq(self.padding_idx), 0.0).sum()
+        best = result.best_tokens()  # pad past its end, where the costs are 0
+        beam_cost = costs[:, : best.size(1)].gather(-1, best.unsqueeze(-1)).sum()
         nsentences = target.size(0)
         logging_output = {
             "loss": losses.sum().data,

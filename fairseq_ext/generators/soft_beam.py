@@ -21,17 +21,31 @@ competes for its beam slot with the unfinished elements (a fixed-size beam, as i
 Algorithms 1 and 3; fairseq's SequenceGenerator instead sets finished hypotheses
 aside and keeps k open ones). A finished element pushed out of the beam by better
 prefixes is not lost: the result is the k best hypotheses that ever ended (EOS)
-in the beam, by score. Padding is never chosen by an unfinished element,
-EOS not at the first step (fairseq's ``--min-len 1``), and at the last step of the
-horizon only EOS is (fairseq forces EOS at its length limit). The search stops
-early once every element is finished. Nothing is length-normalised: hypotheses
-are ranked by their summed scores.
+in the beam, by score. An unfinished element never chooses a special symbol
+other than EOS (padding, BOS, unk), nor EOS at the first step (fairseq's
+``--min-len 1``), and at the last step of the horizon only EOS (fairseq forces EOS
+at its length limit). The search stops early once every element is finished.
+Nothing is length-normalised: hypotheses are ranked by their summed scores.
+Training for translation runs under the same rules (``criterions/soft_beam.py``).
+
+Dropout in train mode (``dropout``): ``independent`` leaves the model as it is
+(each of the B x k decoder rows draws its own masks at every step);
+``shared``: the k rows of one sentence share their masks (drawn per sentence and
+step, expanded over the beam; the encoder runs once per sentence anyway);
+``none``: the search runs in eval mode, every module's mode restored after.
+
+Scores keep the model's precision (float64 for a float64 model; float16 / bfloat16
+are computed in float32).
 """
+import contextlib
+import functools
+import logging
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.modules import FairseqDropout
 from torch import Tensor
 
 from fairseq_ext.cli import ConfigError
@@ -43,7 +57,11 @@ from fairseq_ext.generators.soft_inputs import (
     decoder_embedding,
 )
 
+logger = logging.getLogger(__name__)
+
 NORMALIZATIONS = ("local", "global")
+TRAINED_NORMALIZATION = "soft_beam_normalization"  # key in the task state saved with a checkpoint
+DROPOUT_MODES = ("none", "shared", "independent")
 
 
 @dataclass
@@ -64,12 +82,60 @@ class BeamResult:
 
 
 def local_scores(logits: Tensor, normalization: str) -> Tensor:
-    """f(h, w): log-probabilities (``local``) or the raw logits (``global``)."""
+    """f(h, w): log-probabilities (``local``) or the raw logits (``global``), in
+    the logits' precision (at least float32)."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if normalization == "local":
-        return torch.log_softmax(logits.float(), dim=-1)
+        return torch.log_softmax(logits, dim=-1)
     if normalization == "global":
-        return logits.float()
+        return logits
     raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+
+
+@contextlib.contextmanager
+def _search_dropout(model, mode: str, sentences: int, beam: int) -> Iterator[None]:
+    """Dropout of the search pass (module docstring): ``none`` runs ``model`` in
+    eval mode; ``shared`` makes every dropout module of the decoder draw one mask
+    per sentence for the ``beam`` rows of each of the ``sentences``;
+    ``independent`` changes nothing."""
+    if not model.training or mode == "independent" or (mode == "shared" and beam == 1):
+        yield
+    elif mode == "none":
+        modes = [(m, m.training) for m in model.modules()]
+        model.eval()
+        try:
+            yield
+        finally:
+            for m, training in modes:
+                m.training = training
+    else:
+        modules = [m for m in model.decoder.modules()
+                   if isinstance(m, (torch.nn.Dropout, FairseqDropout)) and m.p > 0]
+        for m in modules:
+            m.forward = functools.partial(_shared_dropout, m, sentences, beam)
+        try:
+            yield
+        finally:
+            for m in modules:
+                del m.forward  # the class's forward again
+
+
+def _shared_dropout(module, sentences: int, beam: int, x: Tensor, *args, **kwargs) -> Tensor:
+    """``module``'s dropout on ``x`` with one mask per sentence: the rows are the
+    first dimension whose size is a multiple of sentences x beam (fairseq's lstm,
+    transformer and tagging_lstm: (B*k, ...) or (1, B*k, ...) states, (B*k*heads,
+    ...) attention weights; sentence-major, beam-minor, as in fairseq), viewed as
+    (sentences, beam, rest); the mask is drawn for (sentences, 1, rest) and expanded
+    over the beam."""
+    rows = sentences * beam
+    dims = [d for d, n in enumerate(x.shape) if n % rows == 0]
+    if not module.training or not dims:
+        return type(module).forward(module, x, *args, **kwargs)
+    d = dims[0]
+    shape = (*x.shape[:d], sentences, beam, x.size(d) // rows, *x.shape[d + 1:])
+    mask_shape = (*x.shape[:d], sentences, 1, x.size(d) // rows, *x.shape[d + 1:])
+    keep = torch.empty(mask_shape, dtype=x.dtype, device=x.device).bernoulli_(1.0 - module.p) / (1.0 - module.p)
+    return (x.view(shape) * keep).view(x.shape)
 
 
 def run_beam(
@@ -83,14 +149,25 @@ def run_beam(
     augment: bool = False,
     hard: bool = False,
     stop_at_eos: bool = False,
+    dropout: str = "independent",
 ) -> BeamResult:
     """Soft (Algorithm 3) or hard (Algorithm 1) beam search for a batch.
 
     horizon: (B,) steps per sentence (with ``stop_at_eos``: the most steps, EOS
     included). step_costs: (B, T, V) d_t(w) (Hamming, see
     ``core.soft_beam.hamming_step_costs``), T = max horizon; accumulated into the
-    costs, and added to the candidate scores when ``augment``.
+    costs, and added to the candidate scores when ``augment``. dropout:
+    ``independent``, ``shared`` or ``none`` (module docstring).
     """
+    if dropout not in DROPOUT_MODES:
+        raise ValueError(f"dropout must be one of {DROPOUT_MODES}, got {dropout!r}")
+    with _search_dropout(model, dropout, net_input["src_tokens"].size(0), beam):
+        return _run_beam(model, net_input, horizon, beam, alpha, normalization, step_costs, augment, hard,
+                         stop_at_eos)
+
+
+def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, alpha: float, normalization: str,
+              step_costs: Optional[Tensor], augment: bool, hard: bool, stop_at_eos: bool) -> BeamResult:
     decoder = model.decoder
     check_plain_output_layer(decoder)
     embedding = decoder_embedding(decoder)
@@ -99,14 +176,18 @@ def run_beam(
     rows = torch.arange(B, device=device).repeat_interleave(k)
     encoder_out = model.encoder(src, src_lengths=net_input.get("src_lengths"))
     encoder_out = model.encoder.reorder_encoder_out(encoder_out, rows)
-    eos, pad = decoder.dictionary.eos(), decoder.dictionary.pad()
+    dictionary = decoder.dictionary
+    eos, pad = dictionary.eos(), dictionary.pad()
+    banned = torch.zeros(len(dictionary), dtype=torch.bool, device=device)  # special symbols but EOS
+    banned[[dictionary.bos(), pad, dictionary.unk()]] = True
+    dtype = torch.promote_types(embedding.weight.dtype, torch.float32)
     horizon = horizon.to(device)
     T = int(horizon.max())
     finished = torch.zeros(B, k, dtype=torch.bool, device=device)
-    scores = torch.full((B, k), float("-inf"), device=device)
+    scores = torch.full((B, k), float("-inf"), device=device, dtype=dtype)
     scores[:, 0] = 0.0
-    costs = torch.zeros(B, k, device=device)
-    eye = torch.eye(k, device=device).expand(B, k, k)
+    costs = torch.zeros(B, k, device=device, dtype=dtype)
+    eye = torch.eye(k, device=device, dtype=dtype).expand(B, k, k)
     identity = torch.arange(k, device=device).expand(B, k)
     padding = torch.full_like(identity, pad)
     first_row = torch.arange(B, device=device).view(B, 1) * k
@@ -126,8 +207,8 @@ def run_beam(
             logits = decoder(prev, encoder_out=encoder_out, incremental_state=state)[0][:, -1]
             f = local_scores(logits, normalization).view(B, k, -1)
             if stop_at_eos:
-                f = _length_rules(f, finished, t, horizon, eos, pad)
-            d = None if step_costs is None else step_costs[:, t]
+                f = _length_rules(f, finished, t, horizon, eos, pad, banned[: f.size(-1)])
+            d = None if step_costs is None else step_costs[:, t].to(dtype)
             if hard:
                 step = hard_beam_step(scores, f, k, costs, d, augment)
             else:
@@ -163,13 +244,15 @@ def run_beam(
     return BeamResult(scores, costs, _follow_backpointers(back_hist, out_hist), best)
 
 
-def _length_rules(f: Tensor, finished: Tensor, t: int, horizon: Tensor, eos: int, pad: int) -> Tensor:
+def _length_rules(f: Tensor, finished: Tensor, t: int, horizon: Tensor, eos: int, pad: int,
+                  banned: Tensor) -> Tensor:
     """Scores f (B, k, V) under the open-length rules of ``stop_at_eos`` (module
     docstring): a finished element's only candidate is pad at 0; unfinished ones
-    never choose pad, nor EOS at t = 0, and only EOS at their last step."""
+    never choose a ``banned`` (V,) symbol (pad, BOS, unk), nor EOS at t = 0, and
+    only EOS at their last step."""
     vocab = torch.arange(f.size(-1), device=f.device)
     is_eos, is_pad = vocab.eq(eos), vocab.eq(pad)
-    allowed = ~is_pad & ~(is_eos & (t == 0))  # (V,)
+    allowed = ~banned & ~(is_eos & (t == 0))  # (V,)
     allowed = torch.where((horizon == t + 1).view(-1, 1, 1), is_eos, allowed)  # (B, 1, V)
     f = f.masked_fill(~allowed, float("-inf"))
     stay = torch.zeros_like(vocab, dtype=f.dtype).masked_fill(~is_pad, float("-inf"))  # pad at 0, else -inf
@@ -216,20 +299,49 @@ class BeamSearchConfig(FairseqDataclass):
     it (``sequence_tagging``: ``--tagging-search``; ``translation_search``:
     ``--translation-search``); ``--beam`` sets k."""
 
-    search_normalization: ChoiceEnum(list(NORMALIZATIONS)) = field(
-        default="local", metadata={"help": "scores of the hard / soft search: log-softmax (local) or raw logits "
-                                           "(global, a globally normalised model)"})
+    search_normalization: ChoiceEnum(["checkpoint", *NORMALIZATIONS]) = field(
+        default="checkpoint", metadata={"help": "scores of the hard / soft search: the --normalization the checkpoint "
+                                                "was trained with (local if none), log-softmax (local) or raw logits "
+                                                "(global, a globally normalised model)"})
     search_alpha: float = field(default=1.0, metadata={"help": "alpha of the soft search (section 4.3.4)"})
 
 
-def build_beam_generator(models, tgt_dict, args, search: str, cfg: BeamSearchConfig, option: str, **kwargs):
-    """The task's ``BeamGenerator`` for ``search`` hard / soft (``option`` names the
-    task's choice in errors); None for ``fairseq`` (use fairseq's generator)."""
+def trained_normalization(task) -> Optional[str]:
+    """The ``--normalization`` a soft beam criterion trained the checkpoint loaded
+    into ``task`` with (``remember_normalization``; fairseq-generate loads the
+    checkpoint's task state into the decoding task), or None."""
+    state = getattr(task, "state", None)
+    return None if state is None else state.state_dict.get(TRAINED_NORMALIZATION)
+
+
+def remember_normalization(task, normalization: str) -> None:
+    """Keep ``normalization`` in ``task``'s state, which fairseq saves in every
+    checkpoint (``task_state``)."""
+    if getattr(task, "state", None) is not None:
+        task.state.merge_state_dict({TRAINED_NORMALIZATION: normalization})
+
+
+def build_beam_generator(task, models, tgt_dict, args, search: str, cfg: BeamSearchConfig, option: str, **kwargs):
+    """The ``BeamGenerator`` of ``task`` for ``search`` hard / soft (``option``
+    names the task's choice in errors); None for ``fairseq`` (use fairseq's
+    generator). ``--search-normalization checkpoint`` is the normalisation the
+    checkpoint was trained with (local if it names none); a different one, asked
+    for, or fairseq's (renormalising) search for a globally trained checkpoint,
+    gets a warning."""
+    trained = trained_normalization(task)
+    asked = str(cfg.search_normalization)
+    normalization = asked if asked != "checkpoint" else (trained or "local")
     if search == "fairseq":
+        if trained == "global":
+            logger.warning(f"this checkpoint was trained with --normalization global, but {option} fairseq "
+                           f"renormalises its scores; use {option} hard or soft")
         return None
+    if trained is not None and asked != "checkpoint" and asked != trained:
+        logger.warning(f"--search-normalization {asked}, but this checkpoint was trained with "
+                       f"--normalization {trained}")
     if getattr(args, "sampling", False):
         raise ConfigError(f"--sampling needs {option} fairseq")
-    return BeamGenerator(models, tgt_dict, getattr(args, "beam", 5), cfg.search_alpha, str(cfg.search_normalization),
+    return BeamGenerator(models, tgt_dict, getattr(args, "beam", 5), cfg.search_alpha, normalization,
                          soft=search == "soft", **kwargs)
 
 
@@ -242,8 +354,10 @@ class BeamGenerator:
 
     Horizon: each sentence's source length (tagging: one label per word, then EOS),
     or, given ``max_len_a`` / ``max_len_b`` (translation), an open length ended by
-    EOS within fairseq's limit ``max_len_a * source length + max_len_b`` (at most
-    the decoder's ``max_positions``; ``run_beam(stop_at_eos=True)``).
+    EOS within fairseq's limit: ``max_len_a * S + max_len_b`` tokens (S the batch's
+    padded source width, EOS included, as fairseq's ``SequenceGenerator``; at most
+    the decoder's ``max_positions`` - 1) followed by EOS
+    (``run_beam(stop_at_eos=True)``).
 
     Hypotheses: the ``beam`` final elements, best first, with ``score`` the final
     s_T (soft: the relaxed score; never length-normalised) and
@@ -268,12 +382,14 @@ class BeamGenerator:
         return self
 
     def _horizon(self, src: Tensor) -> Tensor:
-        src_len = src.ne(self.tgt_dict.pad()).sum(1)
+        """(B,) steps of the search, EOS included."""
         if self.max_len_a is None:
-            return src_len
-        limit = self.model.max_decoder_positions() - 1
-        horizon = (self.max_len_a * src_len.double() + self.max_len_b).long()
-        return horizon.clamp(min=2, max=max(limit, 2))
+            return src.ne(self.tgt_dict.pad()).sum(1)
+        max_len = min(int(self.max_len_a * src.size(1) + self.max_len_b), self.model.max_decoder_positions() - 1)
+        if max_len < 1:
+            raise ConfigError(f"--max-len-a {self.max_len_a} / --max-len-b {self.max_len_b} allow {max_len} tokens "
+                              "before EOS; at least 1 is needed")
+        return torch.full((src.size(0),), max_len + 1, dtype=torch.long, device=src.device)
 
     @torch.no_grad()
     def generate(self, models, sample, **kwargs):

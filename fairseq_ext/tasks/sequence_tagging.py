@@ -200,6 +200,7 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
     """Tag CoNLL sentences with a seq2seq model; see the module docstring."""
 
     cfg: SequenceTaggingConfig
+    forced_output_length = True  # one label per word: sequence-level criteria search the gold length
 
     def __init__(self, cfg: SequenceTaggingConfig, src_dict: Dictionary, tgt_dict: Dictionary, cache: str):
         super().__init__(cfg)
@@ -297,7 +298,7 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
         beam = getattr(args, "beam", 5)
         if not getattr(args, "sampling", False) and beam > num_labels:
             raise ConfigError(f"sequence_tagging: --beam {beam} is larger than the number of labels ({num_labels})")
-        ours = build_beam_generator(models, self.tgt_dict, args, str(self.cfg.tagging_search), self.cfg,
+        ours = build_beam_generator(self, models, self.tgt_dict, args, str(self.cfg.tagging_search), self.cfg,
                                     "--tagging-search")
         if ours is not None:
             return ours

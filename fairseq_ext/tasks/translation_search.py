@@ -7,6 +7,8 @@ different, locally normalised one), or soft beam decoding (section 4.3.4) at
 ``--search-alpha``. The output length is open: EOS ends a hypothesis within
 fairseq's ``--max-len-a`` / ``--max-len-b`` limit (``BeamGenerator``,
 ``run_beam(stop_at_eos=True)``; fixed-size beam, no length normalisation).
+``--search-normalization`` defaults to the normalisation a soft beam criterion
+trained the checkpoint with (kept in its task state); asking for another warns.
 
 Train with ``--task translation`` (or this task: training is translation's) and
 decode any translation checkpoint:
@@ -47,6 +49,7 @@ class TranslationSearchTask(TaskBatching, TranslationTask):
 
     def build_generator(self, models, args, **kwargs):
         ours = build_beam_generator(
-            models, self.target_dictionary, args, str(self.cfg.translation_search), self.cfg, "--translation-search",
-            max_len_a=float(getattr(args, "max_len_a", 0.0)), max_len_b=int(getattr(args, "max_len_b", 200)))
+            self, models, self.target_dictionary, args, str(self.cfg.translation_search), self.cfg,
+            "--translation-search", max_len_a=float(getattr(args, "max_len_a", 0.0)),
+            max_len_b=int(getattr(args, "max_len_b", 200)))
         return ours if ours is not None else super().build_generator(models, args, **kwargs)
