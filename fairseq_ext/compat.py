@@ -17,7 +17,12 @@ Without the plugin, run fairseq with ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``.
 
 Crash safety: ``patch_checkpoint_copies`` makes fairseq's copies of a checkpoint
 to ``checkpoint_last.pt`` / ``checkpoint_best.pt`` atomic (see its docstring).
+
+Criterion state: ``patch_criterion_state`` saves a criterion's running state (PG's
+moving baseline) with every checkpoint and gives it back on resume (see its
+docstring).
 """
+import functools
 import inspect
 import os
 import shutil
@@ -94,3 +99,48 @@ def patch_checkpoint_copies() -> None:
         return
     checkpoint_utils.PathManager = type("AtomicCopyPathManager", (manager,),
                                         {"copy": staticmethod(_atomic_copy(manager.copy))})
+
+
+_STATE_KEY = "fairseq_ext"
+
+
+def patch_criterion_state() -> None:
+    """Carry a criterion's running state through checkpoints (idempotent).
+
+    fairseq checkpoints a criterion's state only when the criterion has parameters
+    (and wraps such a criterion in DDP), and ``Trainer.load_checkpoint`` does not
+    give a task its state back. A criterion with running state defines
+    ``checkpoint_state() -> dict`` and ``load_checkpoint_state(dict)``;
+    ``Trainer.save_checkpoint`` then stores that dict in the checkpoint's
+    ``extra_state["fairseq_ext"]["criterion"]``, and ``Trainer.load_checkpoint``
+    restores it, unless it is asked to reset the meters (``--reset-meters``, the
+    first launch of ``--finetune-from-model``): a resumed run continues the state,
+    at an epoch boundary as well as within an epoch; a fine-tuning run starts it
+    afresh. Works with fairseq 0.12.2 and fairseq-fixed (both have these two
+    methods with these signatures)."""
+    from fairseq.trainer import Trainer
+
+    if getattr(Trainer.save_checkpoint, "__fairseq_ext_state__", False):
+        return
+    save, load = Trainer.save_checkpoint, Trainer.load_checkpoint
+
+    @functools.wraps(save)
+    def save_checkpoint(self, filename, extra_state):
+        get_state = getattr(self.get_criterion(), "checkpoint_state", None)
+        if get_state is not None:
+            extra_state = {**extra_state, _STATE_KEY: {"criterion": get_state()}}
+        return save(self, filename, extra_state)
+
+    @functools.wraps(load)
+    def load_checkpoint(self, filename, reset_optimizer=False, reset_lr_scheduler=False, optimizer_overrides=None,
+                        reset_meters=False):
+        extra_state = load(self, filename, reset_optimizer, reset_lr_scheduler, optimizer_overrides,
+                           reset_meters=reset_meters)
+        set_state = getattr(self.get_criterion(), "load_checkpoint_state", None)
+        saved = (extra_state or {}).get(_STATE_KEY, {}).get("criterion")
+        if set_state is not None and saved is not None and not reset_meters:
+            set_state(saved)
+        return extra_state
+
+    save_checkpoint.__fairseq_ext_state__ = True
+    Trainer.save_checkpoint, Trainer.load_checkpoint = save_checkpoint, load_checkpoint

@@ -68,8 +68,10 @@ SB = ["--soft-beam-size", "2", "--soft-beam-alpha", "1", "--soft-beam-alpha-sche
       "--soft-beam-alpha-final", "10", "--soft-beam-alpha-updates", "3", "--lr", "0.05"]
 CRITERIA = {
     "mgs": ["--criterion", "mgs", "--mgs-candidates", "2", "--mgs-task-loss", "edit"],
+    # alpha 1: at the default 0.005 (gradient eq. 7 / alpha) three SGD steps of lr 0.5 amplify the layouts' float
+    # rounding into different beam candidates by update 3; alpha 1's sharp q keeps the steps small
     "mrt": ["--criterion", "mrt", "--mrt-decoder", "beam", "--mrt-candidates", "2", "--mrt-task-loss", "edit",
-            "--mrt-include-reference"],
+            "--mrt-include-reference", "--mrt-alpha", "1"],
     "pg": ["--criterion", "pg", "--pg-samples", "2", "--pg-task-loss", "edit", "--pg-baseline", "moving"],
     "differentiable_scheduled_sampling": ["--criterion", "differentiable_scheduled_sampling", "--dss-schedule",
                                           "always", "--dss-warmup", "0", "--dss-schedule-unit", "update"],

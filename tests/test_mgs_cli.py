@@ -1,17 +1,16 @@
 """--criterion mgs through fairseq-train / fairseq-validate on the toy task: it runs
-with fairseq's optimizer and checkpointing, lowers the pooled training edit cost
-from its starting value, is reproducible from the seed, and rejects bad options.
+with fairseq's optimizer and checkpointing, logs its diagnostics, is reproducible
+from the seed, and rejects bad options. (Whether the updates lower the task loss,
+and in which direction they move theta, is tested in-process in test_estimators.py.)
 Fine-tuning commands (the tests', the docs' and the recipes') start with
 --finetune-from-model, so a rerun after an interruption resumes instead of
 starting again from the MLE model."""
 import glob
-import json
 import os
 import re
 import sys
 
 import pytest
-import torch
 
 from conftest import REPO, run_cli
 
@@ -32,31 +31,10 @@ def mle_ckpt(toy_bin, tmp_path_factory):
     return os.path.join(save, "checkpoint_last.pt")
 
 
-def _train_edit(toy_bin, ckpt, tmp_path):
-    """Mean greedy edit cost on the training set (fairseq-generate + scripts/score.py)."""
-    gen = run_cli(["fairseq-generate", toy_bin, "--user-dir", "fairseq_ext", "--path", ckpt, "--gen-subset", "train",
-                   "--beam", "1", "--batch-size", "100", "--max-len-a", "1.3", "--max-len-b", "2"])
-    out = tmp_path / "gen_train.out"
-    out.write_text(gen.stdout)
-    res = run_cli(["python", "scripts/score.py", str(out), "--json", "-"])
-    return json.loads(res.stdout)["edit"]
-
-
 def _finetune(toy_bin, mle_ckpt, save, updates, extra=()):
     return run_cli(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", "--optimizer", "adam", "--lr", "0.003",
                     "--max-tokens", "1000", "--max-update", str(updates), "--save-dir", save,
                     "--finetune-from-model", mle_ckpt, "--log-interval", "1"] + ARCH + MGS + list(extra))
-
-
-def test_mgs_lowers_training_edit(toy_bin, mle_ckpt, tmp_path):
-    before = _train_edit(toy_bin, mle_ckpt, tmp_path)
-    save = str(tmp_path / "mgs")
-    out = _finetune(toy_bin, mle_ckpt, save, 30)
-    log = out.stdout + out.stderr
-    assert "mgs_weight_entropy" in log and "mgs_mle_weight" in log and "cost_edit" in log
-    after = _train_edit(toy_bin, os.path.join(save, "checkpoint_last.pt"), tmp_path)
-    print(f"MGS-edit: training edit {before:.4f} -> {after:.4f}")
-    assert after < before, (before, after)
 
 
 def test_rerun_of_a_stopped_finetune_resumes(toy_bin, mle_ckpt, tmp_path):
@@ -125,6 +103,7 @@ def test_mgs_reproducible_from_seed(toy_bin, mle_ckpt, tmp_path):
         logs.append([l.split("| train_inner |")[1].split("wps=")[0] for l in (out.stdout + out.stderr).splitlines()
                      if "| train_inner |" in l])
     assert len(logs[0]) == 3 and logs[0] == logs[1]
+    assert all(f"mgs_{key}=" in logs[0][0] for key in ("weight_entropy", "mle_weight", "direction_norm"))
 
 
 @pytest.mark.parametrize("flag,value,message", [
@@ -137,28 +116,6 @@ def test_mgs_reproducible_from_seed(toy_bin, mle_ckpt, tmp_path):
 def test_mgs_bad_options(toy_bin, mle_ckpt, tmp_path, flag, value, message):
     with pytest.raises(AssertionError, match=re.escape(message)):
         _finetune(toy_bin, mle_ckpt, str(tmp_path / "bad"), 1, [flag, *value.split()])
-
-
-@pytest.mark.parametrize("criterion,key", [
-    (["--criterion", "mrt", "--mrt-task-loss", "edit", "--mrt-candidates", "4"], "risk"),
-    (["--criterion", "pg", "--pg-task-loss", "edit", "--pg-samples", "4"], "cost_mean"),
-])
-def test_mrt_and_pg_lower_their_risk(toy_bin, mle_ckpt, tmp_path, criterion, key):
-    """30 updates from the MLE checkpoint through fairseq-train: the logged risk (MRT:
-    expected cost under q; PG: mean sampled cost) is a valid edit cost in every
-    5-update window, and the parameters move. (An earlier version asserted that the
-    last window's risk is below the first's; on this toy setting MRT's windows go
-    0.713, 0.709, 0.721, 0.733, 0.715, 0.722, deterministically (1 or 2 threads): the
-    windows see different batches, so it measured batch noise, not the criterion.)"""
-    out = run_cli(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", "--optimizer", "adam", "--lr", "0.003",
-                   "--max-tokens", "1000", "--max-update", "30", "--save-dir", str(tmp_path / "ck"),
-                   "--finetune-from-model", mle_ckpt, "--log-interval", "5"] + ARCH + criterion)
-    values = [float(m.group(1)) for m in re.finditer(rf"\| train_inner \|.* {key}=([0-9.]+)", out.stdout + out.stderr)]
-    assert len(values) == 6, (out.stdout + out.stderr)[-2000:]
-    assert all(0.0 <= v <= 1.0 for v in values), values
-    start = torch.load(mle_ckpt, map_location="cpu", weights_only=False)["model"]
-    end = torch.load(str(tmp_path / "ck" / "checkpoint_last.pt"), map_location="cpu", weights_only=False)["model"]
-    assert max((start[k].float() - end[k].float()).abs().max().item() for k in start) > 1e-4
 
 
 def test_mgs_lm_cost_with_score_model(toy_bin, mle_ckpt, tmp_path):

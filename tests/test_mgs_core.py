@@ -25,15 +25,15 @@ def _toy(seed=0):
 
 
 def test_weights_and_direction_hand_computed():
-    """2 parameters, 2 candidates (alternation: k=0 zero-mean, k=1 MLE), absolute sigma 0.1."""
+    """2 parameters, 2 candidates (alternation: k=0 MLE, k=1 zero-mean), absolute sigma 0.1."""
     theta = [torch.tensor([1.0, 2.0])]
     g = [torch.tensor([0.5, -1.0])]
     cfg = ProposalConfig(num_candidates=2, alternate=True, noise=0.1, noise_scale="absolute", importance="none")
     search = ParameterSearch(theta, g, cfg, seed=42)
-    assert search.is_mle == [False, True]
+    assert search.is_mle == [True, False]
     eps = [torch.randn(2, generator=torch.Generator().manual_seed(mix_seed(42, k, 0))) for k in range(2)]
-    delta0 = 0.1 * eps[0]
-    delta1 = torch.tensor([-0.5, 1.0]) + 0.1 * eps[1]
+    delta0 = torch.tensor([-0.5, 1.0]) + 0.1 * eps[0]
+    delta1 = 0.1 * eps[1]
     assert torch.allclose(search.piece(0, 0), delta0) and torch.allclose(search.piece(1, 0), delta1)
     # C(theta) = 1.0, C(theta + Delta) = [0.8, 0.9], alpha = 2: w0 = 1 / (1 + e^{-0.2})
     w = mgs_weights(1.0, torch.tensor([0.8, 0.9], dtype=torch.float64), torch.zeros(2), alpha=2.0)
@@ -125,11 +125,18 @@ def test_component_sampling_rate_and_proposals():
     assert abs(sum(draws) / len(draws) - 0.7) < 0.04  # P(MLE component) = 1 - pi
     assert ParameterSearch(params, grads, ProposalConfig(num_candidates=4, proposal="zero"), 0).is_mle == [False] * 4
     assert ParameterSearch(params, grads, ProposalConfig(num_candidates=4, proposal="mle"), 0).is_mle == [True] * 4
-    alt = ParameterSearch(params, grads, ProposalConfig(num_candidates=4, alternate=True), 0).is_mle
-    assert alt == [False, True, False, True]
     # zero-mean candidates have mean 0, MLE candidates mean -g (sigma tiny)
     s = ParameterSearch(params, grads, ProposalConfig(num_candidates=2, alternate=True, noise=1e-6), 0)
-    assert torch.allclose(s.piece(1, 0), -grads[0], atol=1e-5) and s.piece(0, 0).abs().max() < 1e-5
+    assert torch.allclose(s.piece(0, 0), -grads[0], atol=1e-5) and s.piece(1, 0).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("k,expected", [(4, [True, False, True, False]), (3, [True, False, True])])
+def test_alternation_follows_the_published_code(k, expected):
+    """The published perturb() (seq_level/gpt2/guided/utils.py) adds the gradient to
+    candidate i when i % 2 == 0: the MLE component has the even candidates, so for
+    odd K it has one more than the zero-mean component."""
+    params, grads = _toy()
+    assert ParameterSearch(params, grads, ProposalConfig(num_candidates=k, alternate=True), 0).is_mle == expected
 
 
 def test_noise_scales_and_clip():

@@ -51,8 +51,10 @@ class ProposalConfig:
 
     num_candidates: K.
     mixture: pi, probability of the zero-mean component (sampled per candidate).
-    alternate: instead of sampling, candidate k uses the zero-mean component for
-        even k and the MLE component for odd k (the published code's alternation).
+    alternate: instead of sampling, candidate k uses the MLE component for even k
+        (k = 0, 2, ...) and the zero-mean component for odd k, the published code's
+        alternation (its perturbation adds the gradient when ``i % 2 == 0``); for odd
+        K the MLE component gets one candidate more.
     proposal: ``mixture``, or only the ``zero``-mean or only the ``mle`` component
         (the ablation of Table 7).
     noise: the noise level; sigma per tensor w = noise * mean|g_w| (``per_tensor``,
@@ -176,7 +178,7 @@ class ParameterSearch:
         if self.cfg.proposal != "mixture":
             return self.cfg.proposal == "mle"
         if self.cfg.alternate:
-            return k % 2 == 1
+            return k % 2 == 0
         g = torch.Generator().manual_seed(mix_seed(self.seed, k, 0x6D6978))
         return bool(torch.rand((), generator=g) >= self.cfg.mixture)
 

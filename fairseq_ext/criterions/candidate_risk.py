@@ -1,13 +1,22 @@
 """Shared skeleton of the action-space baselines ``mrt`` and ``pg``: decode
 candidates, score them with the task loss, differentiate log p(y | x) of each
 candidate, combine (the subclass's estimator), add the reference NLL term, log.
-The loss is summed over inputs; the sample size is the number of sentences."""
+The loss is summed over inputs; the sample size is the number of sentences.
+
+The MLE term is ``mle_weight`` times the reference's per-token NLL, -log p(y* | x)
+/ |y*| (EOS counted), per input: each sentence's loss is its risk plus w times a
+mean token NLL, the scale on which Edunov et al. (2018) mix a token-level loss
+into a sequence risk, so that the familiar weights 0.1-0.5 mean what they mean
+there. (Their token loss averages over the batch's tokens; ours averages within
+each sentence, which keeps the loss a sum over sentences, so data-parallel
+training and ``--update-freq`` stay exact.)"""
 from typing import Dict, List, Tuple
 
 import torch
 from fairseq.criterions import FairseqCriterion
 from torch import Tensor
 
+from fairseq_ext.cli import ConfigError
 from fairseq_ext.criterions.clock import check_model_at_start
 from fairseq_ext.data_parallel import forward_in_wrapper
 from fairseq_ext.generators.candidates import DecodeConfig, sequence_log_probs
@@ -19,6 +28,8 @@ class CandidateRiskCriterion(FairseqCriterion):
 
     def __init__(self, task, name: str, scorer: BatchScorer, decode_cfg: DecodeConfig, mle_weight: float):
         super().__init__(task)
+        if not mle_weight >= 0:
+            raise ConfigError(f"--{name}-mle-weight must be >= 0, got {mle_weight}")
         check_model_at_start(task, lambda model: check_candidate_model(task, model, name))
         self.scorer = scorer
         self.decode_cfg = decode_cfg
@@ -47,8 +58,10 @@ class CandidateRiskCriterion(FairseqCriterion):
         costs = costs.view(bsz, -1)
         per_input, extra = self.estimator(module, sample, hyps, log_p, costs)
         loss = per_input.sum()
-        nll = reference_nll(module, batch, prefix) if self.mle_weight > 0 else None
-        if nll is not None:
+        nll = None
+        if self.mle_weight > 0:
+            ref_len = batch["target"].ne(self.padding_idx).sum(dim=1).clamp(min=1)
+            nll = reference_nll(module, batch, prefix) / ref_len
             loss = loss + self.mle_weight * nll.sum()
         logging_output = {
             "loss": float(loss.detach()),

@@ -5,7 +5,8 @@ decode the batch with theta and compute the pooled task loss C(theta); compute
 the MLE gradient g (per-token NLL pooled over workers, clipped to
 ``--mgs-mle-clip``); for k = 1..K perturb theta in place by Delta_k ~ q (eq. 4),
 decode, compute C(theta + Delta_k), restore theta bitwise; weight the candidates
-(eq. 3) and hand -Delta to fairseq's optimizer as the gradient. The returned loss
+(eq. 3), clip Delta to ``--mgs-direction-clip`` (1.0, as the published code clips
+its update) and hand -Delta to fairseq's optimizer as the gradient. The returned loss
 is the surrogate sum_p <p, -Delta_p>, whose gradient is exactly -Delta, so
 ``--optimizer``, ``--lr-scheduler``, ``--clip-norm``, ``--update-freq`` (the
 micro-batch directions are averaged), checkpointing and data parallelism are
@@ -45,7 +46,8 @@ class MGSConfig(FairseqDataclass):
     mgs_candidates: int = field(default=4, metadata={"help": "K, candidate directions per update"})
     mgs_mixture: float = field(default=0.5, metadata={"help": "pi, probability of the zero-mean component (eq. 4)"})
     mgs_alternate: bool = field(
-        default=False, metadata={"help": "alternate the components (even k: zero-mean, odd k: MLE) instead of sampling"}
+        default=False, metadata={"help": "alternate the components (even k: MLE, odd k: zero-mean, as the published "
+                                         "code) instead of sampling"}
     )
     mgs_proposal: ChoiceEnum(PROPOSALS) = field(
         default="mixture", metadata={"help": "proposal: the mixture, or only its zero / MLE component (Table 7)"}
@@ -71,6 +73,10 @@ class MGSConfig(FairseqDataclass):
         default=1.3, metadata={"help": "maximum decoding length: this times the longest reference in the batch"}
     )
     mgs_mle_clip: float = field(default=1.0, metadata={"help": "clip the MLE gradient to this L2 norm (<= 0: off)"})
+    mgs_direction_clip: float = field(
+        default=1.0, metadata={"help": "clip the update direction Delta to this L2 norm before the optimizer, as the "
+                                       "published code does (<= 0: off; --clip-norm then clips fairseq's gradient)"}
+    )
     mgs_score_model: Optional[str] = field(
         default=None, metadata={"help": "checkpoint scoring the lm cost (default: frozen copy of the starting model)"}
     )
@@ -89,7 +95,7 @@ class MGSCriterion(FairseqCriterion):
     def __init__(self, task, mgs_candidates=4, mgs_mixture=0.5, mgs_alternate=False, mgs_proposal="mixture",
                  mgs_noise=1.0, mgs_noise_scale="per_tensor", mgs_importance="unit", mgs_alpha=1.0,
                  mgs_task_loss="sbleu", mgs_decoder="greedy", mgs_beam=4, mgs_max_len_ratio=1.3, mgs_mle_clip=1.0,
-                 mgs_score_model=None, mgs_post_process="auto", seed=1):
+                 mgs_direction_clip=1.0, mgs_score_model=None, mgs_post_process="auto", seed=1):
         super().__init__(task)
         if not mgs_alpha > 0:
             raise ConfigError(f"--mgs-alpha must be > 0, got {mgs_alpha}")
@@ -104,6 +110,7 @@ class MGSCriterion(FairseqCriterion):
         )
         self.alpha = mgs_alpha
         self.mle_clip = mgs_mle_clip
+        self.direction_clip = mgs_direction_clip
         self.scorer = BatchScorer(task, mgs_task_loss, post_process=mgs_post_process, score_model=mgs_score_model,
                                    criterion="mgs")
         decoder = str(mgs_decoder)
@@ -183,12 +190,14 @@ class MGSCriterion(FairseqCriterion):
             finite = bool(torch.isfinite(weights).all())
         if finite:
             direction = search.direction(weights)
+            direction_norm = clip_grad_(direction, self.direction_clip)
             # d(surrogate)/dp = -Delta_p; autograd keeps references to p and Delta, no copies
             surrogate = -sum(torch.dot(p.view(-1), d.view(-1)) for p, d in zip(params, direction))
             stats = weight_stats(weights, search.is_mle)
         else:
             logger.warning(f"mgs: non-finite task loss or weight (C(theta)={float(c0)}, candidates={costs}); update skipped")
             search.direction(torch.zeros(self.proposal.num_candidates))  # frees the backup
+            direction_norm = 0.0
             surrogate = sum(p.view(-1)[:1].sum() * 0.0 for p in params)
             stats = {"weight_entropy": 0.0, "weight_std": 0.0, "mle_weight": 0.0, "top_is_mle": 0.0}
 
@@ -203,6 +212,7 @@ class MGSCriterion(FairseqCriterion):
             "mgs_cand_best": float(costs_t.min()),
             "mgs_mle_grad_norm": grad_norm,
             "mgs_cand_norm": sum(norms) / len(norms),
+            "mgs_direction_norm": direction_norm,
             "mgs_logq_std": float(log_q_t.std(unbiased=False)),
             "mgs_skipped": 0.0 if finite else 1.0,
         }
@@ -245,7 +255,7 @@ class MGSCriterion(FairseqCriterion):
             if ntok > 0:
                 metrics.log_scalar("nll_loss", total("nll_loss") / ntok / math.log(2), ntok, round=3)
             for key in ("cand_mean", "cand_best", "weight_entropy", "weight_std", "mle_weight", "top_is_mle",
-                        "mle_grad_norm", "cand_norm", "logq_std", "skipped"):
+                        "mle_grad_norm", "cand_norm", "direction_norm", "logq_std", "skipped"):
                 metrics.log_scalar(f"mgs_{key}", total(f"mgs_{key}") / count, count, round=4)
             return
         # validation: MLE loss in base 2 per token (fairseq convention) and the greedy task losses

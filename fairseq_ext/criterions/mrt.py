@@ -1,9 +1,12 @@
 """``--criterion mrt``: minimum risk training (MGS paper eq. 6-7; Shen et al. 2016).
 
-For each input: S candidates (ancestral sampling or beam search, optionally plus
-the reference), q = p^alpha renormalised over the candidate set, loss = the
-expected task loss under q, summed over the batch (sample size = sentences),
-plus ``--mrt-mle-weight`` times the sequence NLL of the reference.
+For each input: S candidates (ancestral sampling or beam search), a repeated
+candidate counted once (the set S of eq. 6), optionally plus the reference when no
+candidate equals it; q = p^alpha renormalised over the set, loss = the expected
+task loss under q (its gradient divided by alpha: eq. 7 without the factor alpha,
+so alpha only shapes q), summed over the batch (sample size = sentences), plus
+``--mrt-mle-weight`` times the reference's per-token NLL (``candidate_risk``).
+Defaults and their sources: docs/mgs.md, "Defaults and why".
 """
 from dataclasses import dataclass, field
 
@@ -12,7 +15,7 @@ from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_ext.cli import ConfigError
-from fairseq_ext.core.risk import mrt_risk, normalize_costs
+from fairseq_ext.core.risk import distinct_mask, mrt_distribution, mrt_risk, normalize_costs, scale_gradient
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
 from fairseq_ext.generators.candidates import DecodeConfig
 from fairseq_ext.losses import POST_PROCESS_HELP
@@ -21,18 +24,25 @@ from fairseq_ext.sequence_level import BatchScorer
 
 @dataclass
 class MRTConfig(FairseqDataclass):
-    mrt_candidates: int = field(default=8, metadata={"help": "S, candidates per input"})
+    mrt_candidates: int = field(default=8, metadata={"help": "S, candidates drawn per input (repeats count once)"})
     mrt_decoder: ChoiceEnum(["sample", "beam"]) = field(default="sample", metadata={"help": "how candidates are drawn"})
     mrt_topk: int = field(default=0, metadata={"help": "top-k for sampling (0: full distribution)"})
-    mrt_alpha: float = field(default=1.0, metadata={"help": "sharpness alpha of q = p^alpha / Z (eq. 6)"})
-    mrt_include_reference: bool = field(default=False, metadata={"help": "add the reference to the candidate set"})
+    mrt_alpha: float = field(
+        default=0.005, metadata={"help": "sharpness alpha of q = p^alpha / Z on summed log-probabilities (eq. 6); "
+                                         "Shen et al. (2016) use 0.005"}
+    )
+    mrt_include_reference: bool = field(
+        default=False, metadata={"help": "add the reference to the candidate set when no candidate equals it"}
+    )
     mrt_length_normalize: bool = field(
         default=False,
         metadata={"help": "use the mean token log-probability in q (the sequence-level normalisation of "
                           "fairseq's old sequence_risk criterion) instead of log p(y|x)"},
     )
     mrt_normalize_costs: bool = field(default=False, metadata={"help": "min-max normalise costs per input"})
-    mrt_mle_weight: float = field(default=0.0, metadata={"help": "weight of the reference's sequence NLL"})
+    mrt_mle_weight: float = field(
+        default=0.1, metadata={"help": "weight of the reference's per-token NLL added to each sentence's risk"}
+    )
     mrt_task_loss: str = field(default="sbleu", metadata={"help": "task loss: a registered cost or 'edit=1,rep=0.5'"})
     mrt_max_len_ratio: float = field(default=1.3, metadata={"help": "max length: ratio x longest reference"})
     mrt_post_process: str = field(default="auto", metadata={"help": POST_PROCESS_HELP})
@@ -40,11 +50,11 @@ class MRTConfig(FairseqDataclass):
 
 @register_criterion("mrt", dataclass=MRTConfig)
 class MRTCriterion(CandidateRiskCriterion):
-    LOG_KEYS = ("loss", "risk", "cost_mean", "nll")
+    LOG_KEYS = ("loss", "risk", "cost_mean", "nll", "distinct", "q_max")
 
-    def __init__(self, task, mrt_candidates=8, mrt_decoder="sample", mrt_topk=0, mrt_alpha=1.0,
+    def __init__(self, task, mrt_candidates=8, mrt_decoder="sample", mrt_topk=0, mrt_alpha=0.005,
                  mrt_include_reference=False, mrt_length_normalize=False, mrt_normalize_costs=False,
-                 mrt_mle_weight=0.0, mrt_task_loss="sbleu", mrt_max_len_ratio=1.3, mrt_post_process="auto"):
+                 mrt_mle_weight=0.1, mrt_task_loss="sbleu", mrt_max_len_ratio=1.3, mrt_post_process="auto"):
         if mrt_candidates < 1:
             raise ConfigError(f"--mrt-candidates must be >= 1, got {mrt_candidates}")
         if not mrt_alpha > 0:
@@ -59,6 +69,8 @@ class MRTCriterion(CandidateRiskCriterion):
         self.normalize = mrt_normalize_costs
 
     def candidate_set(self, module, cand, batch):
+        """The candidates of each input, then its reference (a repeat of a candidate
+        when one equals it: ``distinct_mask`` leaves it out of the set)."""
         hyps, index = cand.as_list(), cand.source_index
         if not self.include_reference:
             return hyps, index
@@ -68,10 +80,15 @@ class MRTCriterion(CandidateRiskCriterion):
         return hyps, torch.arange(len(refs)).repeat_interleave(s + 1)
 
     def estimator(self, module, sample, hyps, log_p, costs):
+        mask = distinct_mask(hyps, log_p.size(1)).to(log_p.device)
         if self.length_normalize:
             lengths = torch.tensor([max(len(h), 1) for h in hyps], dtype=log_p.dtype).view_as(log_p)
             log_p = log_p / lengths
         if self.normalize:
-            costs = normalize_costs(costs)
-        risk = mrt_risk(log_p, costs, self.alpha)
-        return risk, {"risk": float(risk.detach().sum())}
+            costs = normalize_costs(costs)  # a repeat has its first occurrence's cost: same min and max
+        risk = mrt_risk(log_p, costs, self.alpha, mask)
+        with torch.no_grad():
+            q_max = mrt_distribution(log_p, self.alpha, mask).max(dim=1).values
+        logged = {"risk": float(risk.detach().sum()), "distinct": float(mask.sum()), "q_max": float(q_max.sum())}
+        # the value is the risk; the gradient eq. 7 / alpha (alpha shapes q, the MLE weight stays meaningful)
+        return scale_gradient(risk, 1.0 / self.alpha), logged
