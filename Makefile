@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 # fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed is its patched successor.
 FAIRSEQ_SPEC ?= $(shell $(PYTHON) -c 'import sys; print("fairseq-fixed==0.12.3.1" if sys.version_info >= (3, 11) else "fairseq==0.12.2")')
 PYTEST_ARGS ?=
-# test workers (pytest-xdist): one per core; tests that share fixtures run in one worker (tests/conftest.py)
+# test workers (pytest-xdist): one per core; the tests of one module run in one worker (tests/conftest.py)
 PYTEST_WORKERS ?= auto
 DEMO_DIR ?= demo_work
 
@@ -46,7 +46,7 @@ install: $(VENV)/.stamp-package
 
 test: install
 	@echo "==> running the test suite"
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest tests -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 demo: install
 	@echo "==> running the demo (embedded data set, tiny transformer)"

@@ -150,12 +150,6 @@ class Run:
 _CACHE = {}
 
 
-def _by_criterion(names):
-    """Parameters for ``criterion``, one pytest-xdist group each: a criterion's runs are
-    made once, by the worker that runs all of its tests."""
-    return [pytest.param(c, marks=pytest.mark.xdist_group(f"distributed-{c}")) for c in sorted(names)]
-
-
 @pytest.fixture(scope="module")
 def runs(request, mt, tmp_path_factory):
     """``runs(criterion)``: that criterion's runs, made on first use (the residual
@@ -218,7 +212,7 @@ def _assert_logs_close(got, ref):
 
 
 @pytest.mark.parametrize("backend", ["c10d", "legacy"])
-@pytest.mark.parametrize("criterion", _by_criterion(CRITERIA))
+@pytest.mark.parametrize("criterion", list(CRITERIA))
 def test_ranks_hold_identical_parameters(criterion, backend, runs):
     run = runs(criterion)[backend]
     assert run.ranks() == 2
@@ -230,7 +224,7 @@ def test_ranks_hold_identical_parameters(criterion, backend, runs):
 
 
 @pytest.mark.parametrize("backend", ["c10d", "legacy"])
-@pytest.mark.parametrize("criterion", _by_criterion(set(CRITERIA) - SAMPLING))
+@pytest.mark.parametrize("criterion", sorted(set(CRITERIA) - SAMPLING))
 def test_two_processes_equal_one_on_the_union(criterion, backend, runs):
     r = runs(criterion)
     for update in range(1, UPDATES + 1):
@@ -238,7 +232,7 @@ def test_two_processes_equal_one_on_the_union(criterion, backend, runs):
     _assert_logs_close(r[backend].logs(), r["ref"].logs())
 
 
-@pytest.mark.parametrize("criterion", _by_criterion(set(CRITERIA) - SAMPLING - {"residual_nce"}))
+@pytest.mark.parametrize("criterion", sorted(set(CRITERIA) - SAMPLING - {"residual_nce"}))
 def test_update_freq_two_equals_one_batch_of_twice_the_size(criterion, runs):
     r = runs(criterion)
     diff = _max_diff(r["uf2"].params(1), r["ref"].params(1))
@@ -261,7 +255,7 @@ def _train_logs(run):
     return [{k: v for k, v in log.items() if k not in UNLOGGED} for log in run.logs()]
 
 
-@pytest.mark.parametrize("criterion", _by_criterion(CRITERIA))
+@pytest.mark.parametrize("criterion", list(CRITERIA))
 def test_resumed_run_continues_exactly(criterion, runs):
     """Resumed mid-epoch from an update checkpoint, two more updates: both bitwise."""
     r = runs(criterion)
