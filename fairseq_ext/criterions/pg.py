@@ -10,7 +10,7 @@ none; plus ``--pg-mle-weight`` times the reference's per-token NLL
 (``candidate_risk``). Defaults and their sources: docs/mgs.md, "Defaults and why".
 """
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 from fairseq.criterions import register_criterion
