@@ -125,7 +125,8 @@ def cell(values):
 
 def table(work, encoders, names, seeds):
     """Markdown table: per encoder, run and decoding, future-position and overall accuracy."""
-    lines = ["| encoder | training | decoding | future-dependent acc. | overall acc. | seeds |", "|---|---|---|---|---|---|"]
+    lines = ["| encoder | training | decoding | future-dependent acc. | overall acc. | seeds |",
+             "|---|---|---|---|---|---|"]
     for enc in encoders:
         for name in names:
             for mode in DECODES:

@@ -71,8 +71,8 @@ def main(argv=None):
         c, w = best[kind, True], best[kind, False]
         wins = sum(x > y for x, y in zip(c, w))
         lead = sum(x > y for x, y in zip(ahead[kind, True], ahead[kind, False]))
-        print(f"{kind}: |f_i(A) - f_i(B)| at the F word {sum(gap_i[kind]) / n:.3f}; best of step i+1 after the consistent prefix {sum(c) / n:.3f}, after the inconsistent "
-              f"{sum(w) / n:.3f}, higher at {100.0 * wins / n:.1f}% of {n} F words; consistent prefix ahead "
+        print(f"{kind}: |f_i(A) - f_i(B)| at the F word {sum(gap_i[kind]) / n:.3f}; best of step i+1 after "
+              f"the consistent prefix {sum(c) / n:.3f}, after the inconsistent {sum(w) / n:.3f}, higher at {100.0 * wins / n:.1f}% of {n} F words; consistent prefix ahead "
               f"after step i+1 at {100.0 * lead / n:.1f}%")
 
 

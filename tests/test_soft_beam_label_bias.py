@@ -60,7 +60,8 @@ def test_global_soft_beam_beats_local_on_future_labels(tmp_path):
     """The recipe's small version: CE init, then direct loss with local or global scores
     (same options, same budget), both decoded with the hard beam under their own
     normalisation. Global must beat local by MARGIN points on the future-dependent
-    positions."""
+    positions (measured: 100.0 vs 51.7 on 443 positions). Checked to fail: with the
+    global run's --normalization set to local in the driver, 51.7 vs 51.7."""
     work = str(tmp_path)
     run_cli([sys.executable, os.path.join(REPO, "examples", "soft_beam_label_bias.py"), work, "--seeds", "1",
              "--encoders", "uni", "--only", "local", "global_ce", "--decodes", "beam", "--train", "1000",
