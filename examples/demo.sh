@@ -16,7 +16,8 @@
 #
 # usage: examples/demo.sh [WORK_DIR]      (make demo runs it in ./demo_work)
 # env: SEED (data and training seed, default 1), MLE_UPDATES (600), FT_UPDATES (updates of each
-#      fine-tune, 60), N_TRAIN (training lines, 4000), N_TEST (test prefixes, 200), PYTHON
+#      fine-tune, 60), N_TRAIN (training lines, 4000), N_TEST (test prefixes, 200), EVAL (0: stop after
+#      the trainings), MODELS (the rows to evaluate, default "mle mle_continued mgs"), PYTHON
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . examples/lib.sh
@@ -67,20 +68,23 @@ finetune() {  # NAME STEP CRITERION-ARGS...: FT_UPDATES updates from the MLE mod
 }
 finetune mle_continued 3 --criterion cross_entropy
 finetune mgs 4 --criterion mgs --mgs-task-loss lm --mgs-score-model "$MLE_CKPT" --mgs-alpha 1 --mgs-candidates 4
+[ "${EVAL:-1}" != 0 ] || exit 0
 
 log "[5/5] greedy continuations of the $N_TEST test prefixes (at most $MAX_LEN tokens), scoring"
 rows=()
-for name in mle mle_continued mgs; do
+for name in ${MODELS:-mle mle_continued mgs}; do
   ckpt="$WORK/ckpt_$name/checkpoint_last.pt"
   [ "$name" != mle ] || ckpt=$MLE_CKPT
   fairseq-generate "$WORK/bin" --user-dir fairseq_ext "${TASK[@]}" --path "$ckpt" --gen-subset test --beam 1 \
-    --batch-size 100 --max-len-b $((MAX_LEN + 3)) > "$WORK/gen_$name.out" 2> "$WORK/gen_$name.log"
+    --batch-size 100 --required-batch-size-multiple 1 --max-len-b $((MAX_LEN + 3)) > "$WORK/gen_$name.out" 2> "$WORK/gen_$name.log"
   "$PYTHON" scripts/score.py "$WORK/gen_$name.out" --max-len "$MAX_LEN" --json "$WORK/scores_$name.json" \
     > "$WORK/score_$name.log" 2>&1
-  # LM cost (greedy, up to 1.3 x the longest reference) and perplexity on the test set
+  # LM cost (greedy, up to 1.3 x the longest reference) and perplexity on the test set. (Without
+  # --required-batch-size-multiple 1 both drop the N_TEST mod 8 longest lines.)
   "$PYTHON" scripts/validate_criterion.py \
     "{'_name': 'mgs', 'mgs_task_loss': 'lm', 'mgs_score_model': '$MLE_CKPT'}" "$WORK/bin" --user-dir fairseq_ext \
-    "${TASK[@]}" --path "$ckpt" --valid-subset test --max-tokens 4096 > "$WORK/validate_$name.log" 2>&1
+    "${TASK[@]}" --path "$ckpt" --valid-subset test --max-tokens 4096 --required-batch-size-multiple 1 \
+    > "$WORK/validate_$name.log" 2>&1
   rows+=("$name=$WORK/scores_$name.json,$WORK/validate_$name.log")
 done
 "$PYTHON" examples/demo_table.py --refs "$WORK/raw/test.txt" --context-size 3 --json "$WORK/table.json" "${rows[@]}" | tee "$WORK/table.txt"

@@ -3,6 +3,7 @@
 ``scripts/score.py`` JSON and its ``scripts/validate_criterion.py`` log.
 
 usage: demo_table.py [--refs TEST.txt --context-size K] [--json OUT] LABEL=SCORES.json,VALIDATE.log ...
+       demo_table.py --seeds WORK_DIR ...   (mean +- std over demo runs, from each WORK_DIR/table.json)
 
 Columns: nonterm and rep-4 (score.py, greedy, at most 40 tokens), len (mean
 continuation length in tokens, '.' included), LM cost (the validation
@@ -40,16 +41,10 @@ def row(spec: str) -> tuple:
     return label, values
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("rows", nargs="+", metavar="LABEL=SCORES.json,VALIDATE.log")
-    p.add_argument("--refs", help="the test lines, to print the reference continuations' mean length")
-    p.add_argument("--context-size", type=int, default=3)
-    p.add_argument("--json", help="also write {label: {column: value}} here")
-    a = p.parse_args(argv)
-    rows = [row(spec) for spec in a.rows]
-    table = [[label] + [fmt.format(v[k]) for k, _, fmt in COLUMNS] for label, v in rows]
+def print_table(rows: list) -> None:
+    """rows: (label, [cell strings]) in COLUMNS order."""
     header = ["model"] + [h for _, h, _ in COLUMNS]
+    table = [[label] + cells for label, cells in rows]
     widths = [max(len(r[i]) for r in table + [header]) for i in range(len(header))]
 
     def line(r):
@@ -59,6 +54,41 @@ def main(argv=None) -> None:
     print("  ".join("-" * w for w in widths))
     for r in table:
         print(line(r))
+
+
+def seed_summary(work_dirs: list) -> None:
+    """Mean +- std (population) of every cell over the demo runs in ``work_dirs``."""
+    tables = []
+    for d in work_dirs:
+        with open(f"{d}/table.json") as f:
+            tables.append(json.load(f))
+    n = len(tables)
+    rows = []
+    for label in tables[0]:
+        cells = []
+        for k, _, fmt in COLUMNS:
+            vals = [t[label][k] for t in tables]
+            mean = sum(vals) / n
+            std = (sum((v - mean) ** 2 for v in vals) / n) ** 0.5
+            cells.append(f"{fmt.format(mean)} ± {fmt.format(std)}")
+        rows.append((label, cells))
+    print(f"mean ± std over {n} runs: {' '.join(work_dirs)}")
+    print_table(rows)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("rows", nargs="+", metavar="LABEL=SCORES.json,VALIDATE.log")
+    p.add_argument("--seeds", action="store_true", help="the arguments are demo work directories: mean +- std")
+    p.add_argument("--refs", help="the test lines, to print the reference continuations' mean length")
+    p.add_argument("--context-size", type=int, default=3)
+    p.add_argument("--json", help="also write {label: {column: value}} here")
+    a = p.parse_args(argv)
+    if a.seeds:
+        seed_summary(a.rows)
+        return
+    rows = [row(spec) for spec in a.rows]
+    print_table([(label, [fmt.format(v[k]) for k, _, fmt in COLUMNS]) for label, v in rows])
     if a.refs:
         with open(a.refs) as f:
             lengths = [len(ln.split()) - a.context_size for ln in f if ln.strip()]

@@ -7,18 +7,18 @@ From each word a the walk goes to its *dominant successor* s(a) with probability
 of cycles, so always taking the likeliest next word goes round a cycle forever.
 After each word from position ``MIN_WORDS`` on, the walk stops with a
 probability p(a) that depends on the word: ``STOP_HIGH`` for the words of the
-first cycle, ``STOP_LOW`` for the rest. Every line ends (n is at most about
-``1 / p`` words above ``MIN_WORDS`` on average), so the data has no loops at all.
+first cycle, ``STOP_LOW`` for the rest. Every line ends (on average about
+``MIN_WORDS + 2`` words), so the data has no loops at all.
 
 Greedy decoding of the true distribution stops after word a only when
 p(a) > (1 - p(a)) x DOMINANT, i.e. p(a) > 0.375 with the defaults: it ends
-inside the first cycle (p = 0.5) and never in the others (p = 0.25), where it
-repeats the cycle to the length limit. A model that learns the data well (MLE)
-inherits this: a large share of its greedy continuations of a 3-word prefix
-(``--context-size 3``) never terminate and are repetitive, while samples of the
-same model terminate. MGS (``--criterion mgs --mgs-task-loss lm``: the
-continuation's negative log-probability under the frozen MLE model) rewards
-decoded continuations that end, which continued MLE cannot learn from the data.
+inside the first cycle (6 words, p = 0.5) and never in the others (3 words each,
+p = 0.25), where it repeats the cycle to the length limit. A model that learns
+the data well (MLE) inherits this: many of its greedy continuations of a 3-word
+prefix (``--context-size 3``) never terminate and are repetitive, and fitting the
+data better does not change that. MGS (``--criterion mgs --mgs-task-loss lm``:
+the continuation's negative log-probability under the frozen MLE model) rewards
+decoded continuations that end (docs/mgs.md, ``make demo``).
 
 CLI: ``python -m fairseq_ext.toy_completion OUT_DIR [--train N --valid N --test N --seed S]``
 writes ``OUT_DIR/{train,valid,test}.txt`` (one line a sequence, for ``--task
