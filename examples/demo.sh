@@ -67,7 +67,9 @@ finetune() {  # NAME STEP CRITERION-ARGS...: FT_UPDATES updates from the MLE mod
   test -s "$WORK/ckpt_$name/checkpoint_last.pt" || { echo "demo: $name failed, see $WORK/train_$name.log" >&2; exit 1; }
 }
 finetune mle_continued 3 --criterion cross_entropy
-finetune mgs 4 --criterion mgs --mgs-task-loss lm --mgs-score-model "$MLE_CKPT" --mgs-alpha 1 --mgs-candidates 4
+# its JSON log draws the MGS diagnostics: python scripts/plot_log.py WORK/train_mgs.log --mgs --out mgs.png
+finetune mgs 4 --criterion mgs --mgs-task-loss lm --mgs-score-model "$MLE_CKPT" --mgs-alpha 1 --mgs-candidates 4 \
+  --log-format json --log-interval 1
 [ "${EVAL:-1}" != 0 ] || exit 0
 
 log "[5/5] greedy continuations of the $N_TEST test prefixes (at most $MAX_LEN tokens), scoring"
