@@ -15,6 +15,8 @@ import json
 import re
 import sys
 
+# display names of the demo's rows (the JSON keeps the short ones)
+NAMES = {"mle": "MLE", "mle_continued": "MLE continued (control)", "mgs": "MGS-LM"}
 COLUMNS = [("nonterm", "nonterm", "{:.3f}"), ("rep4", "rep-4", "{:.3f}"), ("len", "len", "{:.2f}"),
            ("lm_cost", "LM cost", "{:.2f}"), ("ppl", "ppl", "{:.2f}")]
 
@@ -44,7 +46,7 @@ def row(spec: str) -> tuple:
 def print_table(rows: list) -> None:
     """rows: (label, [cell strings]) in COLUMNS order."""
     header = ["model"] + [h for _, h, _ in COLUMNS]
-    table = [[label] + cells for label, cells in rows]
+    table = [[NAMES.get(label, label)] + cells for label, cells in rows]
     widths = [max(len(r[i]) for r in table + [header]) for i in range(len(header))]
 
     def line(r):
@@ -93,6 +95,8 @@ def main(argv=None) -> None:
         with open(a.refs) as f:
             lengths = [len(ln.split()) - a.context_size for ln in f if ln.strip()]
         print(f"(reference continuations: {sum(lengths) / len(lengths):.2f} tokens on average; every one ends)")
+    print("greedy continuations: nonterm = share without an end within 40 tokens, rep-4 = repeated 4-grams, "
+          "len = tokens;\nLM cost = their NLL under the MLE model (MGS-LM's task loss); ppl = test perplexity")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(rows), f, indent=1)

@@ -35,7 +35,7 @@ def demo(tmp_path_factory):
 
 def test_mgs_fixes_nontermination_against_continued_mle(demo):
     _, out, table = demo
-    assert re.search(r"mle_continued +[0-9.]+ +[0-9.]+", out) and "nonterm" in out  # the printed table
+    assert re.search(r"MLE continued \(control\) +[0-9.]+ +[0-9.]+", out) and "nonterm" in out  # the printed table
     control, mgs = table["mle_continued"], table["mgs"]
     assert control["nonterm"] - mgs["nonterm"] >= MARGIN, table
     assert mgs["lm_cost"] < control["lm_cost"], table  # the task loss MGS minimizes
