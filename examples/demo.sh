@@ -1,86 +1,92 @@
 #!/usr/bin/env bash
-# The main job on the embedded toy data set (fairseq_ext/toy.py): generate the
-# data, binarize, train a tiny transformer with MLE, fine-tune it with
-# --criterion mgs (sentence-BLEU task loss), decode the test set greedily and with
-# beam 4, score, print MLE vs MGS. Deterministic (seeded); no download.
+# What MGS is for, on embedded data (fairseq_ext/toy_completion.py, no download):
+# lines that always end, whose greedy continuation by an MLE model often does not.
+# A tiny transformer_lm is trained with MLE on the lines (checkpoint with the best
+# validation loss), then fine-tuned for the same number of updates two ways:
+# continued MLE (the control) and --criterion mgs --mgs-task-loss lm (MGS-LM: the
+# continuation's negative log-probability under the frozen MLE model; paper section
+# 5.1). Both fine-tunes keep their last checkpoint. The greedy continuations of the
+# 200 test prefixes (3 words) are scored: non-termination (no '.' within 40 tokens),
+# rep-4, length, LM cost (the task loss) and test perplexity. Deterministic from SEED.
 #
-# A rerun resumes: a finished training is skipped (its log ends with fairseq's
-# "done training"), an interrupted one (Ctrl-C) continues from its
-# checkpoint_last.pt; the MGS fine-tune starts from the MLE model only on its first
-# launch (--finetune-from-model) and saves every epoch. Data, decoding and scoring
-# run again. Remove WORK_DIR to start over.
+# A rerun resumes: a finished training is skipped (its log ends with fairseq's "done
+# training"), an interrupted one continues from its checkpoint_last.pt (the fine-tunes
+# start from the MLE model only on their first launch, --finetune-from-model, and save
+# every 20 updates). Data, decoding and scoring run again. Remove WORK_DIR to start over.
 #
 # usage: examples/demo.sh [WORK_DIR]      (make demo runs it in ./demo_work)
-# env: MAX_UPDATE (MLE updates, default 600), MGS_UPDATES (default 100), BEAMS (beam sizes
-#      to decode with, default "1 4"), PYTHON
+# env: SEED (data and training seed, default 1), MLE_UPDATES (600), FT_UPDATES (updates of each
+#      fine-tune, 60), N_TRAIN (training lines, 4000), N_TEST (test prefixes, 200), EVAL (0: stop after
+#      the trainings), MODELS (the rows to evaluate, default "mle mle_continued mgs"), PYTHON
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . examples/lib.sh
 WORK=${1:-demo_work}
-MAX_UPDATE=${MAX_UPDATE:-600}
-MGS_UPDATES=${MGS_UPDATES:-100}
-BEAMS=${BEAMS:-1 4}
+SEED=${SEED:-1}
+MLE_UPDATES=${MLE_UPDATES:-600}
+FT_UPDATES=${FT_UPDATES:-60}
+N_TRAIN=${N_TRAIN:-4000}
+N_TEST=${N_TEST:-200}
+MAX_LEN=40
 PYTHON=${PYTHON:-python}
 mkdir -p "$WORK"
 log() { echo "==> $*"; }
 
-log "[1/6] toy data -> $WORK/raw"
-"$PYTHON" -m fairseq_ext.toy "$WORK/raw" --train 2000 --valid 200 --test 200 --seed 1
-
-log "[2/6] fairseq-preprocess -> $WORK/bin"
+log "[1/5] text-completion toy data (seed $SEED) -> $WORK/raw, binarized -> $WORK/bin"
+"$PYTHON" -m fairseq_ext.toy_completion "$WORK/raw" --train "$N_TRAIN" --valid 200 --test "$N_TEST" --seed "$SEED"
 rm -rf "$WORK/bin"
-fairseq-preprocess --source-lang src --target-lang tgt --joined-dictionary --workers 1 \
-  --trainpref "$WORK/raw/train" --validpref "$WORK/raw/valid" --testpref "$WORK/raw/test" \
-  --destdir "$WORK/bin" > "$WORK/preprocess.log" 2>&1
+fairseq-preprocess --only-source --workers 1 --trainpref "$WORK/raw/train.txt" --validpref "$WORK/raw/valid.txt" \
+  --testpref "$WORK/raw/test.txt" --destdir "$WORK/bin" > "$WORK/preprocess.log" 2>&1
 
-MODEL=(--arch transformer --encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 64 --decoder-embed-dim 64
-  --encoder-ffn-embed-dim 128 --decoder-ffn-embed-dim 128 --encoder-attention-heads 4 --decoder-attention-heads 4
-  --share-all-embeddings --dropout 0.1)
+TASK=(--task text_completion --context-size 3)
+MODEL=(--arch transformer_lm --decoder-layers 2 --decoder-embed-dim 64 --decoder-ffn-embed-dim 128
+  --decoder-attention-heads 4 --share-decoder-input-output-embed --dropout 0.1 --seed "$SEED" --num-workers 0
+  --no-epoch-checkpoints --log-format simple)
+MLE_CKPT="$WORK/ckpt_mle/checkpoint_best.pt"
 if finished "$WORK/train_mle.log"; then
-  log "[3/6] MLE: finished, skipped (log: $WORK/train_mle.log)"
+  log "[2/5] MLE: finished, skipped (log: $WORK/train_mle.log)"
 else
-  log "[3/6] fairseq-train: tiny transformer, MLE, $MAX_UPDATE updates (log: $WORK/train_mle.log)"
-  fairseq-train "$WORK/bin" --user-dir fairseq_ext --seed 1 "${MODEL[@]}" \
-    --optimizer adam --adam-betas '(0.9,0.98)' --lr 0.003 \
-    --lr-scheduler inverse_sqrt --warmup-updates 200 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-    --max-tokens 1024 --max-update "$MAX_UPDATE" --validate-interval 5 --save-interval 5 --save-dir "$WORK/ckpt_mle" \
-    --no-epoch-checkpoints --log-format simple --log-interval 200 --num-workers 0 2>&1 \
-    | tee -a "$WORK/train_mle.log" | grep -E "\| valid \|" || true
+  log "[2/5] fairseq-train: tiny transformer_lm, MLE, $MLE_UPDATES updates (log: $WORK/train_mle.log)"
+  fairseq-train "$WORK/bin" --user-dir fairseq_ext "${TASK[@]}" "${MODEL[@]}" \
+    --optimizer adam --adam-betas '(0.9,0.98)' --lr 0.003 --lr-scheduler inverse_sqrt --warmup-updates 100 \
+    --max-tokens 2048 --max-update "$MLE_UPDATES" --save-dir "$WORK/ckpt_mle" --log-interval 100 >> "$WORK/train_mle.log" 2>&1
 fi
-test -s "$WORK/ckpt_mle/checkpoint_best.pt" || { echo "demo: training failed, see $WORK/train_mle.log" >&2; exit 1; }
+test -s "$MLE_CKPT" || { echo "demo: MLE training failed, see $WORK/train_mle.log" >&2; exit 1; }
 
-# --save-interval 1: a checkpoint every epoch (about 20 updates), validation still every 5
-if finished "$WORK/train_mgs.log"; then
-  log "[4/6] MGS: finished, skipped (log: $WORK/train_mgs.log)"
-else
-  log "[4/6] fairseq-train --criterion mgs: fine-tune for $MGS_UPDATES updates, task loss sBLEU (log: $WORK/train_mgs.log)"
-  fairseq-train "$WORK/bin" --user-dir fairseq_ext --seed 1 "${MODEL[@]}" \
-    --finetune-from-model "$WORK/ckpt_mle/checkpoint_best.pt" \
-    --criterion mgs --mgs-task-loss sbleu --mgs-alpha 100 --mgs-candidates 4 \
-    --optimizer adam --adam-betas '(0.9,0.98)' --lr 0.0003 --max-tokens 1024 --max-update "$MGS_UPDATES" \
-    --save-dir "$WORK/ckpt_mgs" --no-epoch-checkpoints --validate-interval 5 --save-interval 1 \
-    --best-checkpoint-metric task_loss --log-format simple --log-interval 25 --num-workers 0 2>&1 \
-    | tee -a "$WORK/train_mgs.log" | grep -E "\| valid \|" || true
-fi
-test -s "$WORK/ckpt_mgs/checkpoint_last.pt" || { echo "demo: MGS fine-tuning failed, see $WORK/train_mgs.log" >&2; exit 1; }
+finetune() {  # NAME STEP CRITERION-ARGS...: FT_UPDATES updates from the MLE model, last checkpoint kept
+  local name=$1 step=$2; shift 2
+  if finished "$WORK/train_$name.log"; then
+    log "[$step/5] $name: finished, skipped (log: $WORK/train_$name.log)"
+    return 0
+  fi
+  log "[$step/5] fairseq-train $*: $FT_UPDATES updates from the MLE model (log: $WORK/train_$name.log)"
+  fairseq-train "$WORK/bin" --user-dir fairseq_ext "${TASK[@]}" "${MODEL[@]}" --finetune-from-model "$MLE_CKPT" \
+    --optimizer adam --adam-betas '(0.9,0.98)' --lr 0.0003 --max-tokens 1024 --max-update "$FT_UPDATES" \
+    --save-dir "$WORK/ckpt_$name" --disable-validation --save-interval-updates 20 --keep-interval-updates 1 \
+    --log-interval 10 "$@" >> "$WORK/train_$name.log" 2>&1
+  test -s "$WORK/ckpt_$name/checkpoint_last.pt" || { echo "demo: $name failed, see $WORK/train_$name.log" >&2; exit 1; }
+}
+finetune mle_continued 3 --criterion cross_entropy
+# its JSON log draws the MGS diagnostics: python scripts/plot_log.py WORK/train_mgs.log --mgs --out mgs.png
+finetune mgs 4 --criterion mgs --mgs-task-loss lm --mgs-score-model "$MLE_CKPT" --mgs-alpha 1 --mgs-candidates 4 \
+  --log-format json --log-interval 1
+[ "${EVAL:-1}" != 0 ] || exit 0
 
-log "[5/6] fairseq-generate on the test set (beam sizes: $BEAMS)"
-for model in mle mgs; do
-  ckpt="$WORK/ckpt_$model/checkpoint_best.pt"
-  for beam in $BEAMS; do
-    fairseq-generate "$WORK/bin" --user-dir fairseq_ext --path "$ckpt" \
-      --gen-subset test --beam "$beam" --batch-size 100 --max-len-a 1.5 --max-len-b 5 \
-      > "$WORK/gen_${model}_beam$beam.out" 2> "$WORK/gen_${model}_beam$beam.log"
-  done
-done
-
-log "[6/6] scoring"
+log "[5/5] greedy continuations of the $N_TEST test prefixes (at most $MAX_LEN tokens), scoring"
 rows=()
-for model in mle mgs; do
-  for beam in $BEAMS; do
-    "$PYTHON" scripts/score.py "$WORK/gen_${model}_beam$beam.out" --json "$WORK/scores_${model}_beam$beam.json" \
-      > "$WORK/score_${model}_beam$beam.log" 2>&1
-    rows+=("${model^^}/beam$beam=$WORK/scores_${model}_beam$beam.json")
-  done
+for name in ${MODELS:-mle mle_continued mgs}; do
+  ckpt="$WORK/ckpt_$name/checkpoint_last.pt"
+  [ "$name" != mle ] || ckpt=$MLE_CKPT
+  fairseq-generate "$WORK/bin" --user-dir fairseq_ext "${TASK[@]}" --path "$ckpt" --gen-subset test --beam 1 \
+    --batch-size 100 --required-batch-size-multiple 1 --max-len-b $((MAX_LEN + 3)) > "$WORK/gen_$name.out" 2> "$WORK/gen_$name.log"
+  "$PYTHON" scripts/score.py "$WORK/gen_$name.out" --max-len "$MAX_LEN" --json "$WORK/scores_$name.json" \
+    > "$WORK/score_$name.log" 2>&1
+  # LM cost (greedy, up to 1.3 x the longest reference) and perplexity on the test set. (Without
+  # --required-batch-size-multiple 1 both drop the N_TEST mod 8 longest lines.)
+  "$PYTHON" scripts/validate_criterion.py \
+    "{'_name': 'mgs', 'mgs_task_loss': 'lm', 'mgs_score_model': '$MLE_CKPT'}" "$WORK/bin" --user-dir fairseq_ext \
+    "${TASK[@]}" --path "$ckpt" --valid-subset test --max-tokens 4096 --required-batch-size-multiple 1 \
+    > "$WORK/validate_$name.log" 2>&1
+  rows+=("$name=$WORK/scores_$name.json,$WORK/validate_$name.log")
 done
-"$PYTHON" examples/print_table.py "${rows[@]}"
+"$PYTHON" examples/demo_table.py --refs "$WORK/raw/test.txt" --context-size 3 --json "$WORK/table.json" "${rows[@]}" | tee "$WORK/table.txt"

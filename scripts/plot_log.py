@@ -10,9 +10,17 @@ writes there from the second epoch on, count once). A metric is named as in the 
 ``mgs_weight_entropy`` (train_inner lines), ``valid_loss``, ``valid_task_loss``
 (valid lines), ``train_loss`` (train lines). ``--x`` (default ``num_updates``; or
 ``epoch``, ``update``, ...) is read from the same line, with the line's prefix where
-fairseq adds one (``valid_num_updates``). One panel per metric, one line per run.
+fairseq adds one (``valid_num_updates``). One panel per metric, one line per run;
+``NAME+NAME`` draws several metrics in one panel (one line per metric and run).
 
-usage: scripts/plot_log.py LOG [LOG ...] --metric NAME [NAME ...] --out FIG.png
+``--mgs`` draws the diagnostics of an MGS run (``--criterion mgs``; the MGS paper's
+Figures 2, 3, 6 and 7), i.e. ``--metric`` with the panels of ``MGS_PANELS``: the
+candidate weights' entropy and standard deviation; the total weight of the
+MLE-component candidates and the share of updates whose best-weighted candidate
+is an MLE one; the pooled cost C(theta) (the logged ``loss``) with the best and
+mean candidate cost C(theta + Delta_k).
+
+usage: scripts/plot_log.py LOG [LOG ...] (--metric NAME[+NAME...] [...] | --mgs) --out FIG.png
        [--x num_updates] [--labels a,b] [--json FILE]
 """
 import argparse
@@ -26,7 +34,12 @@ from fairseq_ext.plotting import pyplot
 
 STATS_LINE = re.compile(r"\| ([\w-]+) \| (\{.*\})\s*$")
 
-Series = Dict[str, Dict[str, Tuple[List[float], List[float]]]]  # metric -> run label -> (xs, ys)
+Series = Dict[str, Dict[str, Tuple[List[float], List[float]]]]  # panel -> line label -> (xs, ys)
+
+# --mgs: the MGS criterion's per-update diagnostics (docs/mgs.md, "Logged every update")
+MGS_PANELS = ["mgs_weight_entropy+mgs_weight_std", "mgs_mle_weight+mgs_top_is_mle", "loss+mgs_cand_best+mgs_cand_mean"]
+# y-axis labels of several-metric panels (otherwise the panel's name)
+PANEL_LABELS = dict(zip(MGS_PANELS, ["candidate weights", "MLE component", "task loss C"]))
 
 
 def _tag(stats: dict) -> str:
@@ -68,24 +81,31 @@ def read_log(path: str) -> List[Tuple[str, Dict[str, float]]]:
     return records
 
 
-def series(runs: Dict[str, List[Tuple[str, Dict[str, float]]]], metrics: Sequence[str], x: str) -> Series:
-    """For each metric and run, the (x, value) pairs of the lines that log the metric
-    (x read as ``TAG_X`` or ``X`` in the same line; lines without it are left out)."""
+def series(runs: Dict[str, List[Tuple[str, Dict[str, float]]]], panels: Sequence[str], x: str) -> Series:
+    """For each panel (a metric, or metrics joined by '+') and run, the (x, value) pairs
+    of the lines that log the metric (x read as ``TAG_X`` or ``X`` in the same line;
+    lines without it are left out). A one-metric panel's lines are named after the
+    runs; a several-metric panel's after the metrics (``RUN: METRIC`` with several runs)."""
     out: Series = {}
-    for metric in metrics:
-        out[metric] = {}
-        for label, records in runs.items():
-            xs, ys = [], []
-            for tag, stats in records:
-                x_value = stats.get(f"{tag}_{x}", stats.get(x))
-                if metric in stats and x_value is not None:
-                    xs.append(x_value)
-                    ys.append(stats[metric])
-            if xs:
-                out[metric][label] = (xs, ys)
-        if not out[metric]:
-            logged = sorted({k for records in runs.values() for _, stats in records for k in stats})
-            sys.exit(f"plot_log: --metric {metric} (with --x {x}) is in none of the logs; logged: {', '.join(logged)}")
+    for panel in panels:
+        out[panel] = {}
+        metrics = panel.split("+")
+        for metric in metrics:
+            found = False
+            for label, records in runs.items():
+                xs, ys = [], []
+                for tag, stats in records:
+                    x_value = stats.get(f"{tag}_{x}", stats.get(x))
+                    if metric in stats and x_value is not None:
+                        xs.append(x_value)
+                        ys.append(stats[metric])
+                if xs:
+                    found = True
+                    line = label if len(metrics) == 1 else metric if len(runs) == 1 else f"{label}: {metric}"
+                    out[panel][line] = (xs, ys)
+            if not found:
+                logged = sorted({k for records in runs.values() for _, stats in records for k in stats})
+                sys.exit(f"plot_log: --metric {metric} (with --x {x}) is in none of the logs; logged: {', '.join(logged)}")
     return out
 
 
@@ -96,7 +116,7 @@ def plot(data: Series, x: str):
     for ax, (metric, by_run) in zip(axes[:, 0], data.items()):
         for label, (xs, ys) in by_run.items():
             ax.plot(xs, ys, marker="." if len(xs) < 30 else None, label=label)
-        ax.set_ylabel(metric)
+        ax.set_ylabel(PANEL_LABELS.get(metric, metric))
         ax.legend(fontsize=7)
     axes[-1, 0].set_xlabel(x)
     fig.tight_layout()
@@ -106,7 +126,10 @@ def plot(data: Series, x: str):
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("logs", nargs="+", help="fairseq-train logs written with --log-format json")
-    p.add_argument("--metric", nargs="+", required=True, help="metric names as in the logs' JSON (loss, valid_loss, ...)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--metric", nargs="+", help="metric names as in the logs' JSON (loss, valid_loss, ...); "
+                                                  "a+b: both in one panel")
+    what.add_argument("--mgs", action="store_true", help="the MGS diagnostics: --metric " + " ".join(MGS_PANELS))
     p.add_argument("--x", default="num_updates", help="x axis: num_updates (default), epoch, update, ...")
     p.add_argument("--labels", help="comma-separated run names (default: the log file names)")
     p.add_argument("--out", required=True, help="the PNG to write")
@@ -123,7 +146,8 @@ def main(argv=None) -> None:
         pyplot()
     except ImportError as e:
         sys.exit(f"plot_log: {e}")
-    data = series({label: read_log(path) for label, path in zip(labels, args.logs)}, args.metric, args.x)
+    panels = MGS_PANELS if args.mgs else args.metric
+    data = series({label: read_log(path) for label, path in zip(labels, args.logs)}, panels, args.x)
     fig = plot(data, args.x)
     fig.savefig(args.out, dpi=110)
     if args.json:

@@ -108,6 +108,24 @@ def test_plot_log_draws_the_logged_values_of_several_runs(runs, tmp_path):
         assert drawn == by_run
 
 
+def test_plot_log_mgs_draws_the_diagnostics_of_an_mgs_run(runs, tmp_path):
+    """--mgs: three panels (weights; MLE component; pooled and candidate costs), one line per
+    metric, each with the values the MGS run logged at every update."""
+    png, points_json = tmp_path / "mgs.png", tmp_path / "mgs.json"
+    run_cli(["python", "scripts/plot_log.py", str(runs / "mgs.log"), "--mgs", "--out", str(png),
+             "--json", str(points_json)])
+    logged = stats_lines(runs / "mgs.stdout", "train_inner")
+    panels = {"mgs_weight_entropy+mgs_weight_std": ["mgs_weight_entropy", "mgs_weight_std"],
+              "mgs_mle_weight+mgs_top_is_mle": ["mgs_mle_weight", "mgs_top_is_mle"],
+              "loss+mgs_cand_best+mgs_cand_mean": ["loss", "mgs_cand_best", "mgs_cand_mean"]}
+    expected = {panel: {m: points(logged, "num_updates", m) for m in names} for panel, names in panels.items()}
+    assert json.loads(points_json.read_text()) == expected
+    assert expected["loss+mgs_cand_best+mgs_cand_mean"]["loss"][0] == [1.0, 2.0, 3.0, 4.0]
+    from matplotlib.image import imread
+
+    assert imread(str(png)).shape[:2] == (858, 660)  # three panels
+
+
 @pytest.mark.parametrize("args,message", [
     (["--metric", "nosuch"], "plot_log: --metric nosuch (with --x num_updates) is in none of the logs; logged: "),
     (["--metric", "loss", "--labels", "a,b"], "plot_log: --labels needs 1 distinct names, got 'a,b'"),
