@@ -2,8 +2,10 @@
 and the real corpora directory ($FAIRSEQ_EXT_DATA)."""
 import json
 import os
+import resource
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -69,9 +71,22 @@ def cli_env(**overrides):
 
 
 def run_cli(args, cwd=None, env=None, timeout=600):
-    """Run a console command with the venv's bin first on PATH; fail with its output."""
+    """Run a console command with the venv's bin first on PATH; fail with its output.
+
+    With FAIRSEQ_EXT_TEST_PROFILE=FILE set, appends one JSON line per command to FILE:
+    the test, the command's first words, its wall time and the CPU time of the
+    command and its children (where the suite's time goes)."""
     full_env = cli_env(**(env or {}))
+    profile = os.environ.get("FAIRSEQ_EXT_TEST_PROFILE")
+    if profile:
+        before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     proc = subprocess.run(args, cwd=cwd or REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if profile:
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        with open(profile, "a") as f:
+            f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "cmd": " ".join(args[:3]),
+                                "wall": round(time.perf_counter() - start, 2), "cpu": round(cpu, 2)}) + "\n")
     if proc.returncode != 0:
         raise AssertionError(f"command failed ({proc.returncode}): {' '.join(args)}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
