@@ -11,12 +11,14 @@ required) per seed; the i-th file of a system is paired with the i-th file of th
 control (same seed, same test set). Metrics are scripts/score.py's: corpus BLEU
 (sacrebleu), mean sentence BLEU, edit cost, rep-4 and hypothesis length.
 
-Significance: sacrebleu's paired bootstrap resampling (``--paired-bs``: Koehn
-2004 as sacrebleu implements it, two-sided, ``--bootstrap`` resamples, the p-value
+Significance: for BLEU, sacrebleu's paired bootstrap resampling (``--paired-bs``:
+Koehn 2004 as sacrebleu implements it, two-sided, ``--bootstrap`` resamples, p =
 (c + 1) / (n + 1) with c the resamples whose centred absolute difference exceeds
-the observed one) for BLEU; the same test on the mean of the per-sentence values
-for the sentence-level metrics. Reported per seed pair, and pooled: the seeds'
-test sets concatenated (each system's seed i against the control's seed i).
+the observed one; for two nearly identical systems this p can be small although
+the difference is negligible: read it with the difference); for the
+sentence-level metrics, a paired bootstrap of the mean per-sentence difference,
+shifted to the null. Reported per seed pair, and pooled: the seeds' test sets
+concatenated (each system's seed i against the control's seed i).
 """
 from __future__ import annotations
 
@@ -63,15 +65,18 @@ def read_system(path: str, text: bool, refs: Optional[List[str]]) -> tuple[List[
 
 
 def paired_bootstrap_mean(sys_values: np.ndarray, base_values: np.ndarray, n_samples: int, seed: int) -> float:
-    """sacrebleu's paired bootstrap p-value, for the mean of per-sentence values."""
+    """Two-sided paired bootstrap p-value of the difference of the means of
+    per-sentence values: the resampled differences d* are shifted to the null
+    (d* - mean d*) and p = (#{|d* - mean d*| >= |d|} + 1) / (n + 1). (sacrebleu
+    centres |d*| instead, which gives small p-values to nearly identical systems.)"""
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(sys_values), size=(n_samples, len(sys_values)), replace=True)
-    observed = abs(sys_values.mean() - base_values.mean())
-    if observed == 0:  # no difference to explain (the formula below would give its smallest p)
+    diff = sys_values - base_values
+    observed = abs(diff.mean())
+    if observed == 0:
         return 1.0
-    diffs = np.abs(sys_values[idx].mean(1) - base_values[idx].mean(1))
-    stats = diffs - diffs.mean()
-    return (int(np.sum(stats > observed)) + 1) / (n_samples + 1)
+    resampled = diff[idx].mean(1)
+    return (int(np.sum(np.abs(resampled - resampled.mean()) >= observed)) + 1) / (n_samples + 1)
 
 
 def paired_bootstrap_bleu(hyps: Sequence[str], base: Sequence[str], refs: Sequence[str], n_samples: int) -> float:
