@@ -12,7 +12,7 @@
 #
 # usage: examples/residual_distinct.sh WORK_DIR
 # env: SEEDS ("1 2 3"), LM_UPDATES (150), NEG (16), NUM_NEG (4), EBM_EPOCHS (40), PATIENCE (5),
-#      VOCAB (12), P (8), L (6), TRAIN (4000), EVAL_SAMPLES (32), JOINT (16)
+#      VOCAB (12), P (8), L (6), TRAIN (4000), EVAL_SAMPLES (32), JOINT (16), EBM_LR (0.001), BATCH (32)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . examples/lib.sh
@@ -29,6 +29,8 @@ L=${L:-6}
 TRAIN=${TRAIN:-4000}
 EVAL_SAMPLES=${EVAL_SAMPLES:-32}
 JOINT=${JOINT:-16}
+EBM_LR=${EBM_LR:-0.001}
+BATCH=${BATCH:-32}
 PYTHON=${PYTHON:-python}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 mkdir -p "$WORK"
@@ -45,13 +47,16 @@ for seed in $SEEDS; do
   mkdir -p "$S"
   T=(--user-dir fairseq_ext --task residual_lm --base-lm "$S/lm/checkpoint_last.pt" --prefix-len "$P"
      --continuation-len "$L" --seed "$seed")
+  # --data-buffer-size 0: fairseq-train's background batch thread otherwise aborts the process at exit
+  # ("terminate called without an active exception", exit 134, after "done training") when
+  # --max-update falls on an epoch end, as it does here for some TRAIN / LM_UPDATES
   if ! finished "$S/lm.log"; then
     log "seed $seed: base LM, $LM_UPDATES updates (1 layer, 16 units: deliberately weak)"
     fairseq-train "$WORK/bin" --user-dir fairseq_ext --task language_modeling --arch transformer_lm \
       --decoder-layers 1 --decoder-embed-dim 16 --decoder-output-dim 16 --decoder-ffn-embed-dim 32 \
       --decoder-attention-heads 2 --tokens-per-sample $((P + L)) --optimizer adam --lr 0.005 \
       --max-tokens 2000 --max-update "$LM_UPDATES" --save-dir "$S/lm" --no-epoch-checkpoints --disable-validation \
-      --num-workers 0 --seed "$seed" >> "$S/lm.log" 2>&1
+      --num-workers 0 --data-buffer-size 0 --seed "$seed" >> "$S/lm.log" 2>&1
   fi
   if [ ! -s "$S/neg/valid.negatives.pt" ]; then
     log "seed $seed: $NEG negatives per prefix"
@@ -62,8 +67,8 @@ for seed in $SEEDS; do
     log "seed $seed: BiT energy, NCE with $NUM_NEG of the $NEG negatives per positive, until valid loss stops improving"
     fairseq-train "$WORK/bin" "${T[@]}" --negatives-dir "$S/neg" --num-negatives "$NUM_NEG" --arch residual_energy \
       --energy-variant bit --encoder-layers 2 --encoder-embed-dim 32 --encoder-ffn-embed-dim 64 \
-      --encoder-attention-heads 4 --dropout 0.1 --criterion residual_nce --optimizer adam --lr 0.001 \
-      --batch-size 32 --max-epoch "$EBM_EPOCHS" --patience "$PATIENCE" --save-dir "$S/ebm" --no-epoch-checkpoints \
+      --encoder-attention-heads 4 --dropout 0.1 --criterion residual_nce --optimizer adam --lr "$EBM_LR" \
+      --batch-size "$BATCH" --max-epoch "$EBM_EPOCHS" --patience "$PATIENCE" --save-dir "$S/ebm" --no-epoch-checkpoints \
       --num-workers 0 --log-format json >> "$S/ebm.log" 2>&1
   fi
   if [ ! -s "$S/eval.json" ]; then
