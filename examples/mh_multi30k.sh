@@ -3,28 +3,34 @@
 # Tables 6.2-6.6, Figures 6.2-6.4), CPU scale, on Multi30k De-En.
 #
 # 1. a small cmlm_transformer (2+2 layers, 192 units, joint 4k BPE) trained with
-#    fairseq's translation_lev recipe (--noise random_mask, nat_loss) for UPDATES updates;
+#    fairseq's translation_lev recipe (--noise random_mask, nat_loss) for UPDATES updates,
+#    validated every 1000 (the run resumes when rerun; checkpoint_best by validation loss);
 # 2. the "De-En (20)" evaluation set: the first SENTENCES test2016 pairs whose
 #    source has at most 20 words;
 # 3. baselines: greedy warm start (one pass, no refinement) and Mask-Predict
 #    (fairseq's iterative refinement, 10 iterations);
 # 4. samplers through fairseq-generate --task translation_mh, CHAINS chains per
-#    sentence, BURN_IN + EPOCHS epochs, statistics with --mh-history;
+#    sentence, BURN_IN + EPOCHS epochs (the thesis: at least 5 chains, 7 + >= 26 epochs),
+#    statistics with --mh-history; the grid of Tables 6.2 (proposal temperature), 6.3
+#    (nucleus, with the exact nucleus mixture and, for local, the thesis's pure nucleus),
+#    6.4 (block), 6.5 (annealing 0.02 / 0.04 / 0.06 per epoch, and to the floor at 60% of
+#    the epochs printing each chain's lowest-energy state) and 6.6 (annealing with
+#    proposal temperature 0.8 and 2 accept-all epochs);
 # 5. scripts/plot_mh.py: the table (averages after burn-in) and PNG curves.
 #
 # usage: examples/mh_multi30k.sh WORK_DIR
-# env: FAIRSEQ_EXT_DATA (required), UPDATES (1500), SENTENCES (100), CHAINS (2),
-#      BURN_IN (7), EPOCHS (13), JOBS (2), VOCAB (4000), ONLY (run names),
+# env: FAIRSEQ_EXT_DATA (required), UPDATES (20000), SENTENCES (100), CHAINS (5),
+#      BURN_IN (7), EPOCHS (26), JOBS (2), VOCAB (4000), ONLY (run names),
 #      CMLM (use this checkpoint instead of training one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${1:?usage: $0 WORK_DIR}
 : "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
-UPDATES=${UPDATES:-1500}
+UPDATES=${UPDATES:-20000}
 SENTENCES=${SENTENCES:-100}
-CHAINS=${CHAINS:-2}
+CHAINS=${CHAINS:-5}
 BURN_IN=${BURN_IN:-7}
-EPOCHS=${EPOCHS:-13}
+EPOCHS=${EPOCHS:-26}
 JOBS=${JOBS:-2}
 VOCAB=${VOCAB:-4000}
 PYTHON=${PYTHON:-python}
@@ -35,9 +41,9 @@ mkdir -p "$WORK"
 [ -d "$WORK/data/bin" ] || bash scripts/prepare_multi30k.sh "$FAIRSEQ_EXT_DATA/multi30k" "$WORK/data" "$VOCAB" \
   > "$WORK/prepare.log" 2>&1
 
-CMLM=${CMLM:-$WORK/cmlm/checkpoint_last.pt}
-if [ ! -s "$CMLM" ]; then
-  echo "==> training the CMLM ($UPDATES updates)"
+CMLM=${CMLM:-$WORK/cmlm/checkpoint_best.pt}
+if [ "$CMLM" = "$WORK/cmlm/checkpoint_best.pt" ] && ! finished "$WORK/cmlm.log"; then
+  echo "==> training the CMLM ($UPDATES updates; resumes from $WORK/cmlm/checkpoint_last.pt)"
   fairseq-train "$WORK/data/bin" --user-dir fairseq_ext --task translation_mh --noise random_mask \
     --source-lang de --target-lang en --arch cmlm_transformer --encoder-layers 2 --decoder-layers 2 \
     --encoder-embed-dim 192 --decoder-embed-dim 192 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 \
@@ -46,7 +52,8 @@ if [ ! -s "$CMLM" ]; then
     --length-loss-factor 0.1 --optimizer adam --adam-betas '(0.9,0.98)' --lr 0.001 --lr-scheduler inverse_sqrt \
     --warmup-updates 400 --warmup-init-lr 1e-7 --clip-norm 1.0 --max-tokens 4096 --max-update "$UPDATES" \
     --seed 1 --save-dir "$WORK/cmlm" --no-epoch-checkpoints --num-workers 0 --log-format simple \
-    --log-interval 50 > "$WORK/cmlm.log" 2>&1 || { tail "$WORK/cmlm.log"; exit 1; }
+    --validate-interval-updates 1000 --save-interval-updates 500 --keep-interval-updates 1 \
+    --log-interval 50 >> "$WORK/cmlm.log" 2>&1 || { tail "$WORK/cmlm.log"; exit 1; }
 fi
 
 # De-En (20): short-source test pairs, binarized with the model's dictionaries
@@ -70,23 +77,29 @@ fi
 GEN=(--user-dir fairseq_ext --gen-subset test --batch-size 50 --required-batch-size-multiple 1
   --post-process sentencepiece --seed 1)
 MH=(--task translation_mh --mh-chains "$CHAINS" --nbest 1 --mh-burn-in "$BURN_IN" --mh-epochs "$EPOCHS" --mh-history)
-declare -A RUNS=(
-  [deg_t1]="--mh-kernel gibbs"
-  [deg_t2]="--mh-kernel gibbs --mh-proposal-temperature 2.0"
-  [deg_t05]="--mh-kernel gibbs --mh-proposal-temperature 0.5"
-  [local_t1]="--mh-energy local"
-  [local_t2]="--mh-energy local --mh-proposal-temperature 2.0"
-  [local_t05]="--mh-energy local --mh-proposal-temperature 0.5"
-  [raw_t1]="--mh-energy raw"
-  [local_p09]="--mh-energy local --mh-top-p 0.9"
-  [deg_p09]="--mh-kernel gibbs --mh-top-p 0.9"
-  [deg_block]="--mh-kernel gibbs --mh-block-size 4 --mh-anneal-block"
-  [local_block]="--mh-energy local --mh-block-size 4 --mh-anneal-block"
-  [raw_block]="--mh-energy raw --mh-block-size 4 --mh-anneal-block"
-  [raw_anneal]="--mh-energy raw --mh-proposal-temperature 0.8 --mh-target-anneal 0.04 --mh-accept-all-epochs 2"
-  [local_anneal]="--mh-energy local --mh-proposal-temperature 0.8 --mh-target-anneal 0.04 --mh-accept-all-epochs 2"
-)
-ORDER="deg_t1 local_t1 raw_t1 deg_t2 local_t2 deg_block local_block raw_anneal local_anneal deg_t05 local_t05 raw_block local_p09 deg_p09"
+declare -A RUNS=()
+ORDER=""
+add() { RUNS[$1]=$2; ORDER="$ORDER $1"; }  # name, sampler options
+for t in 2.0 1.5 1.0 0.8 0.5; do  # Table 6.2: proposal temperature
+  add "deg_t$t" "--mh-kernel gibbs --mh-proposal-temperature $t"
+  add "local_t$t" "--mh-energy local --mh-proposal-temperature $t"
+done
+add raw_t1.0 "--mh-energy raw"
+for p in 0.99 0.95 0.9 0.8; do  # Table 6.3: nucleus (MH with the exact mixture, the default)
+  add "deg_p$p" "--mh-kernel gibbs --mh-top-p $p"
+  add "local_p$p" "--mh-energy local --mh-top-p $p"
+done
+add local_p0.9_pure "--mh-energy local --mh-top-p 0.9 --mh-nucleus-mix 0"
+for e in deg local raw; do  # Table 6.4: block proposals, 4 annealed to 1
+  k=$([ $e = deg ] && echo "--mh-kernel gibbs" || echo "--mh-energy $e")
+  add "${e}_block" "$k --mh-block-size 4 --mh-anneal-block"
+done
+for e in raw local; do  # Tables 6.5 / 6.6: annealing the target temperature
+  for a in 0.02 0.04 0.06; do
+    add "${e}_anneal$a" "--mh-energy $e --mh-proposal-temperature 0.8 --mh-target-anneal $a --mh-accept-all-epochs 2 --mh-output best"
+  done
+  add "${e}_floor" "--mh-energy $e --mh-proposal-temperature 0.8 --mh-anneal-floor-at 0.6 --mh-accept-all-epochs 2 --mh-output best"
+done
 ONLY=${ONLY:-$ORDER}
 
 baseline() {  # name iterations
@@ -114,7 +127,7 @@ for name in $ONLY; do
 done
 wait
 
-echo "BLEU of the printed hypotheses (baselines; samplers: chain 0's final state)"
+echo "BLEU of the printed hypotheses (baselines; samplers: chain 0's final state, or its lowest-energy state with --mh-output best)"
 for b in warm_start mask_predict $ONLY; do
   echo "$b: $("$PYTHON" -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["bleu"], 2))' "$WORK/$b.json")"
 done

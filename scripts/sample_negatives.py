@@ -27,8 +27,12 @@ def main(argv=None) -> None:
     parser = options.get_generation_parser(default_task="residual_lm")
     group = parser.add_argument_group("sample_negatives")
     group.add_argument("--splits", default="train,valid", help="comma-separated splits")
-    group.add_argument("--num-samples", type=int, default=8, help="n negatives per prefix")
-    group.add_argument("--topk", type=int, default=0, help="top-k of the base-LM sampling (0: none)")
+    group.add_argument("--num-samples", type=int, default=16,
+                       help="n negatives per prefix (Deng et al. store 16 or 128; training draws --num-negatives "
+                            "of them anew every epoch, so n must be well above --num-negatives)")
+    group.add_argument("--topk", type=int, default=0,
+                       help="top-k of the base-LM sampling (0: none; > 0 is refused by residual_lm training unless "
+                            "--allow-topk-negatives: NCE's noise must be P_LM)")
     group.add_argument("--out-dir", default=None, help="where to write {split}.negatives.pt (default: the data dir)")
     group.add_argument("--sample-batch-size", type=int, default=16, help="prefixes per sampling call")
     args = options.parse_args_and_arch(parser, argv)

@@ -202,11 +202,43 @@ def test_near_zero_target_temperature_only_moves_downhill():
     assert (energies[1:] <= energies[:-1] + 1e-5).all()
 
 
-def test_gibbs_accepts_every_proposal():
+def masked_conditional(model, y, t, temperature=1.0):
+    """q_t(. | y without t) of the toy, computed from its parameters, (V,)."""
+    masked = list(y)
+    masked[t] = MASK
+    logit = model.b[t] + sum(model.A[t, s, masked[s]] for s in range(L))
+    return torch.softmax(logit.double() / temperature, -1)
+
+
+def test_degenerate_gibbs_follows_its_exact_chain_law():
+    """Degenerate Gibbs, left to right, one position at a time: an epoch is the
+    product of the single-site kernels K_t(y -> y') = q_t(y'_t | y without t) (81 x 81
+    matrices built here from the toy's parameters). After 1, 2 and 3 epochs from one
+    state, 4000 chains are as close to that law as 4000 iid draws from it are, and
+    the law is not p (the chains are not sampling the energy)."""
     model = ToyMLM()
-    out = run(model, mcmc.MHConfig(kernel="gibbs", burn_in=0, epochs=2, block_size=2), chains=100)
-    for p, a in zip(out.stats.proposals, out.stats.accepted):
-        assert torch.equal(p, a) and (p == 2).all()  # 4 positions in blocks of 2
+    seqs = all_sequences()
+    index = {tuple(y): i for i, y in enumerate(seqs.tolist())}
+    epoch = torch.eye(len(seqs), dtype=torch.double)
+    for t in range(L):
+        K = torch.zeros(len(seqs), len(seqs), dtype=torch.double)
+        for i, y in enumerate(seqs.tolist()):
+            q = masked_conditional(model, y, t)
+            for w in range(V):
+                z = list(y)
+                z[t] = w
+                K[i, index[tuple(z)]] += q[w]
+        epoch = epoch @ K
+    law = torch.zeros(len(seqs), dtype=torch.double)
+    law[0] = 1.0  # run() starts every chain at (0, 0, 0, 0)
+    out = run(model, mcmc.MHConfig(kernel="gibbs", order="left-to-right", burn_in=0, epochs=3))
+    _, e = exact_energies(model, "raw")
+    p = torch.softmax(-e.double(), 0)
+    for n, states in enumerate(out.history):
+        law = law @ epoch
+        bound = 1.5 * iid_tv(law, 4000, seed=n) + 0.02
+        assert tv(states, law) < bound, (n, tv(states, law), bound)
+    assert 0.5 * (law - p).abs().sum() > 0.1
 
 
 EXACTNESS_CASES = [
@@ -276,3 +308,124 @@ def test_chains_are_reproducible_from_the_generator():
     a, b = run(model, cfg, chains=50, seed=5), run(model, cfg, chains=50, seed=5)
     assert torch.equal(a.tokens, b.tokens)
     assert not torch.equal(a.tokens, run(model, cfg, chains=50, seed=6).tokens)
+
+
+def nucleus_classes(model, top_p):
+    """The closed classes of the single-site pure-nucleus chain over the 81 states,
+    found by enumeration: y -> y' (differing at t) is possible iff y_t and y'_t are
+    both in the nucleus of q_t(. | y without t), the context the two share (the
+    smallest most-probable set whose mass reaches top_p). Moves are symmetric, so
+    the classes are the connected components. Returns (81,) class ids."""
+    seqs = all_sequences().tolist()
+    index = {tuple(y): i for i, y in enumerate(seqs)}
+    neighbours = [set() for _ in seqs]
+    for i, y in enumerate(seqs):
+        for t in range(L):
+            q = masked_conditional(model, y, t).tolist()
+            nucleus, mass = set(), 0.0
+            for w in sorted(range(V), key=lambda w: -q[w]):
+                if mass >= top_p:
+                    break
+                nucleus.add(w)
+                mass += q[w]
+            if y[t] in nucleus:
+                for w in nucleus:
+                    neighbours[i].add(index[tuple(y[:t] + [w] + y[t + 1:])])
+    ids = [-1] * len(seqs)
+    for i in range(len(seqs)):
+        if ids[i] < 0:
+            ids[i], stack = i, [i]
+            while stack:
+                for k in neighbours[stack.pop()]:
+                    if ids[k] < 0:
+                        ids[k] = i
+                        stack.append(k)
+    return torch.tensor(ids)
+
+
+def test_pure_nucleus_is_reducible_and_the_mixture_reaches_p_from_any_start():
+    """Toy seed 1 at top-p 0.8 splits into closed classes (the largest holds about 42%
+    of p's mass; some states can never be left). Pure nucleus proposals (mix 0) then
+    sample p restricted to the start's class: from a state of the largest class the
+    TV to p stays above 1 - its mass, from an isolated state it stays 1. With the
+    mixture (1 - eps) nucleus + eps full, eps = 0.5, both starts reach the TV of iid
+    draws within 80 epochs (eps = 0.1 gets there too, more slowly: TV 0.14 and 0.04
+    after 60 epochs)."""
+    model = ToyMLM(seed=1)
+    seqs, e = exact_energies(model, "raw")
+    p = torch.softmax(-e.double(), 0)
+    ids = nucleus_classes(model, 0.8)
+    mass = torch.zeros(len(seqs), dtype=torch.double).index_add_(0, ids, p)
+    largest, isolated = int(mass.argmax()), int((ids == torch.arange(len(seqs))).nonzero()[-1])
+    assert 0.3 < mass[largest] < 0.6 and (ids == isolated).sum() == 1  # the regime the test is about
+    bound = 1.5 * iid_tv(p, 4000) + 0.03
+    for cls in (largest, isolated):
+        start = seqs[(ids == cls).nonzero()[0, 0]][None]
+        pure = run(model, mcmc.MHConfig(burn_in=0, epochs=30, top_p=0.8, nucleus_mix=0.0), start=start,
+                   keep_history=False)
+        reached = state_index(pure.tokens)
+        assert (ids[reached] == cls).all()  # never left the class
+        assert tv(pure.tokens, p) > 1 - mass[cls].item() - 0.01
+        mixed = run(model, mcmc.MHConfig(burn_in=0, epochs=80, top_p=0.8, nucleus_mix=0.5), start=start,
+                    keep_history=False)
+        assert tv(mixed.tokens, p) < bound, (cls, tv(mixed.tokens, p), bound)
+
+
+@pytest.mark.parametrize("mix", [0.1, 0.5])
+def test_the_nucleus_mixture_leaves_p_invariant(mix):
+    """Chains started from 4000 exact draws of p stay exact under the mixture proposal:
+    the reverse probability must be computed under the same mixture (computing it
+    under the nucleus or the full conditional alone drifts away from p)."""
+    model = ToyMLM(seed=1)
+    seqs, e = exact_energies(model, "local")
+    p = torch.softmax(-e.double(), 0)
+    g = torch.Generator().manual_seed(5)
+    start = seqs[torch.multinomial(p.float(), 4000, replacement=True, generator=g)]
+    cfg = mcmc.MHConfig(energy="local", burn_in=0, epochs=6, top_p=0.8, nucleus_mix=mix, block_size=2)
+    out = mcmc.run_chains(model, start, torch.ones_like(start, dtype=torch.bool),
+                          torch.zeros(4000, dtype=torch.long), MASK, cfg, generator=g, keep_history=True)
+    bound = 1.5 * iid_tv(p, 4000) + 0.02
+    assert max(tv(h, p) for h in out.history) < bound
+
+
+def test_mixture_proposal_probabilities_by_hand():
+    logits = torch.tensor([3.0, 2.0, 0.0, -1.0])
+    q_full = torch.softmax(logits, -1)
+    # nucleus 0.7: {0, 1} (mass before token 2 is 0.94 > 0.7)
+    q_nucleus = torch.tensor([q_full[0], q_full[1], 0.0, 0.0]) / (q_full[0] + q_full[1])
+    log_q = mcmc.proposal_log_probs(logits, top_p=0.7, nucleus_mix=0.2)
+    assert torch.allclose(log_q.exp(), 0.8 * q_nucleus + 0.2 * q_full, atol=1e-6)
+    # no nucleus: the mixture is the full conditional
+    assert torch.allclose(mcmc.proposal_log_probs(logits, nucleus_mix=0.2).exp(), q_full, atol=1e-6)
+    with pytest.raises(ValueError, match="--mh-nucleus-mix must be in"):
+        mcmc.MHConfig(nucleus_mix=1.0).check(prefix="--mh-")
+
+
+def test_annealing_to_the_floor_at_a_fraction_of_the_epochs():
+    cfg = mcmc.MHConfig(burn_in=7, epochs=26, anneal_floor_at=0.5, min_target_temperature=0.05)
+    temps = [cfg.target_temperature_at(e) for e in range(cfg.total_epochs)]
+    # floor at epoch round(0.5 * 32) = 16: T = 1 - 0.95 * e / 16
+    assert temps[0] == 1.0 and temps[8] == pytest.approx(0.525) and temps[16] == pytest.approx(0.05)
+    assert temps[15] == pytest.approx(1 - 0.95 * 15 / 16) and temps[16:] == [pytest.approx(0.05)] * 17
+    # the thesis's fixed decrements are unchanged
+    assert mcmc.MHConfig(target_anneal=0.04).target_temperature_at(11) == pytest.approx(0.56)
+    with pytest.raises(ValueError, match="two annealing schedules"):
+        mcmc.MHConfig(target_anneal=0.02, anneal_floor_at=0.5).check(prefix="--mh-")
+
+
+def test_annealed_chains_find_the_mode_and_report_their_best_state():
+    """Annealing to T = 0.05 over 70% of 30 epochs: the lowest-energy state visited
+    is the enumerated global minimum of E_raw for nearly every chain, whereas at a
+    constant T = 1 a chain's final state is the mode only about as often as p puts on
+    it. Each reported best energy is the enumerated energy of its reported state."""
+    model = ToyMLM(seed=2)
+    seqs, e = exact_energies(model, "raw")
+    mode = int(e.argmin())
+    p_mode = torch.softmax(-e.double(), 0)[mode].item()
+    annealed = run(model, mcmc.MHConfig(burn_in=0, epochs=30, anneal_floor_at=0.7), chains=500, keep_history=False)
+    plain = run(model, mcmc.MHConfig(burn_in=0, epochs=30), chains=500, keep_history=False)
+    hit = (state_index(annealed.best_tokens) == mode).double().mean().item()
+    assert hit > 0.9 and hit > p_mode + 0.3, (hit, p_mode)
+    assert (state_index(plain.tokens) == mode).double().mean().item() < p_mode + 0.1
+    assert torch.allclose(annealed.best_energy, e[state_index(annealed.best_tokens)], atol=1e-5)
+    assert annealed.stats.target_temperature[-1] == pytest.approx(0.05)

@@ -2,6 +2,7 @@
 energies equal fairseq's own decoder run one masked position at a time, and
 ``fairseq-generate --task translation_mh`` end to end (chains, statistics file,
 degenerate Gibbs, reproducibility, bad options)."""
+import itertools
 import json
 import math
 import os
@@ -92,16 +93,21 @@ def test_generate_prints_one_hypothesis_per_chain_and_writes_statistics(toy_bin,
         for ep in rec["epochs"]:
             assert ep["proposals"] == [rec["length"]] * 2  # block size 1: every position once
             assert all(n <= a <= p for n, a, p in zip(ep["novel"], ep["accepted"], ep["proposals"]))
-    # the printed hypothesis is the final state; its P- scores are -E_local's terms
-    # (fairseq-generate prints them in bits)
+    # the printed hypothesis is the final state; its P- scores (in bits) sum to -E_local
+    # and the statistics hold its energies, all against fairseq's decoder run one masked
+    # position at a time (enumerated_energies, not core.mcmc)
     by_id = {}
     for (h, p) in zip(hyps, pos):
         by_id.setdefault(int(h[0][2:]), []).append((h[2], [float(x) for x in p[1].split()]))
-    for sid, chains in by_id.items():
+    model, task = load_cmlm(cmlm)
+    for sid in sorted(by_id)[:6]:
         last = records[sid]["epochs"][-1]
-        for c, (text, scores) in enumerate(chains):
+        for c, (text, scores) in enumerate(by_id[sid]):
             assert text == last["hyps"][c]
-            assert -sum(scores) * math.log(2) == pytest.approx(last["e_local"][c], abs=0.01)
+            e_raw, e_local = energies_of_printed(model, task, sid, text)
+            assert -sum(scores) * math.log(2) == pytest.approx(e_local, abs=0.01)
+            assert last["e_local"][c] == pytest.approx(e_local, abs=1e-3)
+            assert last["e_raw"][c] == pytest.approx(e_raw, abs=1e-3)
     # scripts/plot_mh.py: per-epoch curves pooled over sentences and chains, one figure per curve
     run_cli(["python", "scripts/plot_mh.py", str(stats), "--labels", "run", "--json", str(tmp_path / "mh.json"),
              "--png", str(tmp_path / "mh")])
@@ -117,13 +123,31 @@ def test_generate_prints_one_hypothesis_per_chain_and_writes_statistics(toy_bin,
         assert imread(str(tmp_path / f"mh_{key}.png")).shape[:2] == (385, 550)  # 5 x 3.5 inches at 110 dpi
 
 
-def test_gibbs_accepts_everything_and_mh_runs_are_reproducible(toy_bin, cmlm, tmp_path):
+def test_annealed_run_prints_each_chain_lowest_energy_state(toy_bin, cmlm, tmp_path):
+    """--mh-anneal-floor-at 0.5 over 1 + 4 epochs: temperatures 1, 0.525, 0.05, 0.05,
+    0.05 (floor 0.05 at epoch round(0.5 * 4) = 2). --mh-output best prints each chain's
+    lowest-energy visited state; its raw energy from fairseq's decoder is the reported
+    one, and no end-of-epoch state of the chain had a lower energy."""
+    stats = tmp_path / "best.jsonl"
+    out = generate(toy_bin, cmlm, "--mh-burn-in", "1", "--mh-epochs", "4", "--mh-anneal-floor-at", "0.5",
+                   "--mh-output", "best", "--mh-stats-file", str(stats), "--mh-history")
+    records = {r["id"]: r for r in map(json.loads, stats.read_text().splitlines())}
+    model, task = load_cmlm(cmlm)
+    hyps = {int(h[0][2:]): h[2] for h in lines(out, "H")}
+    for sid in sorted(hyps)[:6]:
+        rec = records[sid]
+        assert [ep["target_temperature"] for ep in rec["epochs"]] == pytest.approx([1, 0.525, 0.05, 0.05, 0.05])
+        assert hyps[sid] == rec["best_hyps"][0]
+        e_raw, _ = energies_of_printed(model, task, sid, hyps[sid])
+        assert rec["best_energy"][0] == pytest.approx(e_raw, abs=1e-3)
+        assert rec["best_energy"][0] <= min(ep["e_raw"][0] for ep in rec["epochs"]) + 1e-4
+
+
+def test_gibbs_runs_and_mh_runs_are_reproducible(toy_bin, cmlm, tmp_path):
     stats = tmp_path / "gibbs.jsonl"
     generate(toy_bin, cmlm, "--mh-kernel", "gibbs", "--mh-block-size", "2", "--mh-burn-in", "0", "--mh-epochs", "2",
              "--mh-stats-file", str(stats))
-    for rec in map(json.loads, stats.read_text().splitlines()):
-        for ep in rec["epochs"]:
-            assert ep["accepted"] == ep["proposals"] == [(rec["length"] + 1) // 2]
+    assert len(stats.read_text().splitlines()) == 40
     args = ("--mh-burn-in", "1", "--mh-epochs", "1", "--mh-block-size", "2", "--mh-anneal-block", "--mh-top-p", "0.9")
     a, b = generate(toy_bin, cmlm, *args), generate(toy_bin, cmlm, *args)
     assert lines(a, "H") == lines(b, "H") and len(lines(a, "H")) == 40
@@ -148,3 +172,85 @@ def test_bad_options_fail_before_any_work(toy_bin, cmlm):
 def test_non_cmlm_models_are_refused(tiny_models):
     with pytest.raises(ValueError, match="not a conditional masked LM"):
         check_cmlm(tiny_models["transformer"][1])
+
+
+def load_cmlm(cmlm):
+    """The trained CMLM (eval mode) and its task with the valid set loaded."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_ext  # noqa: F401  (registers translation_mh, patches checkpoint loading)
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([cmlm])
+    task.load_dataset("valid")
+    return models[0].eval(), task
+
+
+def energies_of_printed(model, task, sid, text):
+    """E_raw and E_local of a printed hypothesis of valid sentence ``sid``, from
+    :func:`enumerated_energies`."""
+    d = task.target_dictionary
+    ds = task.dataset("valid")
+    sample = ds.collater([ds[sid]])
+    tokens = torch.cat([torch.tensor([d.bos()]), d.encode_line(text, add_if_not_exist=False).long()])[None]
+    with torch.no_grad():
+        enc = model.forward_encoder([sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]])
+        raw, local = enumerated_energies(model, enc, tokens, range(1, tokens.size(1) - 1))
+    return raw.item(), local.item()
+
+
+def enumerated_energies(model, enc, seqs, free_positions):
+    """E_raw and E_local of every row of ``seqs`` (N, L) from fairseq's own decoder,
+    one forward per masked position (not core.mcmc): two (N,) float64."""
+    raw = torch.zeros(len(seqs), dtype=torch.double)
+    local = torch.zeros(len(seqs), dtype=torch.double)
+    for t in free_positions:
+        masked = seqs.clone()
+        masked[:, t] = model.decoder.dictionary.unk()
+        enc_n = model.encoder.reorder_encoder_out(enc, torch.zeros(len(seqs), dtype=torch.long))
+        logits = model.decoder(normalize=False, prev_output_tokens=masked, encoder_out=enc_n)[:, t].double()
+        raw -= logits.gather(1, seqs[:, t:t + 1]).squeeze(1)
+        local -= torch.log_softmax(logits, -1).gather(1, seqs[:, t:t + 1]).squeeze(1)
+    return raw, local
+
+
+@pytest.mark.parametrize("energy,block,top_p", [("raw", 1, 1.0), ("local", 2, 1.0), ("raw", 1, 0.8)])
+def test_mh_through_a_cmlm_samples_the_enumerated_target(toy_bin, cmlm, energy, block, top_p):
+    """A real cmlm_transformer, one source sentence, targets of length 4 over 3 allowed
+    symbols (81 sequences; every other symbol forbidden to the proposal): the target
+    p(y) ~ exp(-E(y) / T) is enumerated with fairseq's decoder, one masked forward per
+    position. 2000 chains from one state, 12 epochs: the chains' states are as close
+    to p as 2000 iid draws from p are (single-site, block and nucleus-mixture
+    proposals); the degenerate Gibbs sampler with the same proposals is not."""
+    model, task = load_cmlm(cmlm)
+    d = task.target_dictionary
+    ds = task.dataset("valid")
+    sample = ds.collater([ds[0]])
+    symbols = [d.nspecial + i for i in range(3)]
+    body = torch.tensor(list(itertools.product(symbols, repeat=4)))
+    seqs = torch.cat([torch.full((81, 1), d.bos()), body, torch.full((81, 1), d.eos())], 1)
+    T = 3.0  # flattens p so that several states carry mass
+    with torch.no_grad():
+        enc = model.forward_encoder([sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]])
+        e_raw, e_local = enumerated_energies(model, enc, seqs, range(1, 5))
+        p = torch.softmax(-(e_raw if energy == "raw" else e_local) / T, 0)
+        assert p.max() < 0.5 and (p > 0.01).sum() >= 10, p.sort(descending=True).values[:10]
+        chains = 2000
+        forbidden = torch.ones(len(d), dtype=torch.bool)
+        forbidden[symbols] = False
+        start = seqs[:1].expand(chains, -1).clone()
+        free = torch.zeros_like(start, dtype=torch.bool)
+        free[:, 1:5] = True
+        owner = torch.zeros(chains, dtype=torch.long)
+        results = {}
+        for kernel in ("mh", "gibbs"):
+            cfg = mcmc.MHConfig(energy=energy, kernel=kernel, burn_in=0, epochs=12, block_size=block, top_p=top_p,
+                                nucleus_mix=0.3, target_temperature=T, proposal_temperature=T)
+            out = mcmc.run_chains(cmlm_logits_fn(model, enc), start, free, owner, d.unk(), cfg, forbidden=forbidden,
+                                  generator=torch.Generator().manual_seed(1))
+            state = sum((out.tokens[:, 1 + i] - d.nspecial) * 3 ** (3 - i) for i in range(4))
+            freq = torch.bincount(state, minlength=81).double() / chains
+            results[kernel] = 0.5 * (freq - p).abs().sum().item()
+    draws = torch.multinomial(p.float(), chains, replacement=True, generator=torch.Generator().manual_seed(0))
+    iid = 0.5 * (torch.bincount(draws, minlength=81).double() / chains - p).abs().sum().item()
+    assert results["mh"] < 1.5 * iid + 0.02, (results, iid)
+    assert results["gibbs"] > results["mh"] + 0.03, (results, iid)

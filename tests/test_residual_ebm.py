@@ -204,9 +204,10 @@ def test_log_z_estimates_from_sampled_lm_converge(toy):
     assert errors[1] < 0.02 < errors[0]
 
 
-def test_joint_log_prob_is_normalised(toy):
-    _, _, log_p, energy, log_z = toy
-    assert torch.logsumexp(joint_log_prob(log_p, energy, log_z), 0).item() == pytest.approx(0.0, abs=1e-12)
+def test_joint_log_prob_and_perplexity_hand_values():
+    # P_LM = 0.5, E = 1, Z = 0.8: log(0.5 e^-1 / 0.8)
+    got = joint_log_prob(torch.tensor([math.log(0.5)]), torch.tensor([1.0]), torch.tensor([math.log(0.8)]))
+    assert got.item() == pytest.approx(math.log(0.5 * math.exp(-1.0) / 0.8))
     assert perplexity(3 * math.log(0.25), 3) == pytest.approx(4.0)
 
 

@@ -167,3 +167,47 @@ def test_dss_table_columns_per_suffix(tmp_path):
     assert out[0] == "| run | greedy dev | greedy test | soft dev | soft test | seeds |"
     assert out[2] == ("| run | 81.00 [80.00, 82.00] | 81.00 [80.00, 82.00] | 82.00 [81.00, 83.00] "
                       "| 82.00 [81.00, 83.00] | 2 |")
+
+
+def _generate_output(hyps, refs):
+    return "".join(f"S-{i}\tsrc\nT-{i}\t{r}\nH-{i}\t-0.5\t{h}\nD-{i}\t-0.5\t{h}\n" for i, (h, r) in enumerate(zip(hyps, refs)))
+
+
+def test_compare_runs_means_and_paired_tests(tmp_path):
+    """scripts/compare_runs.py on written runs of 60 sentences, two seeds each: a
+    system equal to the references has BLEU 100, edit 0 and length 6 in every seed
+    (std 0); the control is right in 1 sentence of 3 (the others are the reference
+    reversed, edit > 0.5 on average); the perfect system beats it with pooled p < 0.01
+    and its edit difference is minus the control's; a copy of the control differs by
+    0 with p = 1 on the sentence-level metrics; seed counts must match."""
+    import random
+
+    from conftest import run_cli
+
+    words = "a man in a red shirt is riding a bike down the street".split()
+    rng = random.Random(0)
+    refs = [" ".join(rng.sample(words, 6)) for _ in range(60)]
+    wrong = [" ".join(r.split()[::-1]) for r in refs]
+    files = {}
+    for name, hyps in (("ctrl", [r if i % 3 == 0 else w for i, (r, w) in enumerate(zip(refs, wrong))]),
+                       ("perfect", refs)):
+        files[name] = []
+        for seed in (1, 2):
+            path = tmp_path / f"{name}{seed}.out"
+            path.write_text(_generate_output(hyps, refs))
+            files[name].append(str(path))
+    out = tmp_path / "cmp.json"
+    run_cli(["python", "scripts/compare_runs.py", "--control", "ctrl", f"ctrl={','.join(files['ctrl'])}",
+             f"perfect={','.join(files['perfect'])}", f"copy={','.join(files['ctrl'])}", "--json", str(out),
+             "--bootstrap", "200"])
+    res = json.loads(out.read_text())
+    assert res["perfect"]["mean"]["bleu"] == pytest.approx(100.0) and res["perfect"]["std"]["bleu"] == 0.0
+    assert res["perfect"]["mean"]["edit"] == 0.0 and res["perfect"]["mean"]["avg_hyp_len"] == 6.0
+    # a reversed 6-word sentence: positions 0-5 against 5-0, every token moved
+    assert res["ctrl"]["mean"]["edit"] > 0.5 and res["perfect"]["diff"]["edit"] == pytest.approx(
+        -res["ctrl"]["mean"]["edit"])
+    assert res["perfect"]["p_value_pooled"]["bleu"] < 0.01 and res["perfect"]["p_value_pooled"]["edit"] < 0.01
+    assert res["copy"]["diff"]["sentence_bleu"] == 0.0 and res["copy"]["p_value_pooled"]["sentence_bleu"] == 1.0
+    with pytest.raises(AssertionError, match="paired by position"):
+        run_cli(["python", "scripts/compare_runs.py", "--control", "ctrl", f"ctrl={','.join(files['ctrl'])}",
+                 f"one={files['perfect'][0]}"])

@@ -22,7 +22,13 @@ position, twice per proposal).
 
 Proposal (section 6.4, 6.4.1): mask the block I, draw y'_i ~ q_i for i in I from
 q_i = softmax(filter(logit_i / temperature)) (nucleus filter), all from one forward
-of y with I masked; since y and y' agree outside I, the same forward gives
+of y with I masked. With a nucleus (top-p < 1) and ``nucleus_mix`` eps > 0 the
+proposal is the mixture q_i = (1 - eps) q_nucleus,i + eps q_full,i: a pure nucleus
+can make the chain reducible (a token outside the nucleus of its own context can
+never be proposed back, so some states can never be left), and then the chain
+samples p only within the class of its start; the mixture gives every allowed
+token positive probability, so the chain is irreducible and converges to p from
+any start. Since y and y' agree outside I, the same forward gives since y and y' agree outside I, the same forward gives
 q(y'|y) = prod_i q_i(y'_i) and q(y|y') = prod_i q_i(y_i). Acceptance (section 6.3):
 
     log a = min(0, (E(y) - E(y')) / T_target + log q(y|y') - log q(y'|y))
@@ -99,16 +105,24 @@ def energies(logits_fn: LogitsFn, tokens: Tensor, free: Tensor, owner: Tensor, m
 
 
 def proposal_log_probs(logits: Tensor, temperature: float = 1.0, top_p: float = 1.0,
-                       forbidden: Optional[Tensor] = None) -> Tensor:
+                       forbidden: Optional[Tensor] = None, nucleus_mix: float = 0.0) -> Tensor:
     """log q_i (section 6.4.1): log-softmax of ``logits`` / temperature over the
     top-p nucleus, never proposing a ``forbidden`` (V,) bool symbol (mask, padding,
-    BOS, EOS). logits (..., V) -> (..., V), -inf outside the support."""
+    BOS, EOS). With top_p < 1 and ``nucleus_mix`` eps > 0: log of the mixture
+    (1 - eps) q_nucleus + eps q_full (q_full: the same without the nucleus filter).
+    logits (..., V) -> (..., V), -inf outside the support."""
     if temperature <= 0:
         raise ValueError(f"proposal temperature must be > 0, got {temperature}")
+    if not 0 <= nucleus_mix < 1:
+        raise ValueError(f"nucleus mix must be in [0, 1), got {nucleus_mix}")
     scaled = logits.float() / temperature
     if forbidden is not None:
         scaled = scaled.masked_fill(forbidden, float("-inf"))
-    return torch.log_softmax(filter_logits(scaled, topp=top_p), dim=-1)
+    nucleus = torch.log_softmax(filter_logits(scaled, topp=top_p), dim=-1)
+    if top_p >= 1 or nucleus_mix == 0:
+        return nucleus
+    full = torch.log_softmax(scaled, dim=-1)
+    return torch.logaddexp(nucleus + math.log1p(-nucleus_mix), full + math.log(nucleus_mix))
 
 
 def gumbel_draw(log_q: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
@@ -128,7 +142,8 @@ class Proposal:
 
 def propose(logits_fn: LogitsFn, tokens: Tensor, block: Tensor, owner: Tensor, mask_idx: int,
             temperature: float = 1.0, top_p: float = 1.0, forbidden: Optional[Tensor] = None,
-            generator: Optional[torch.Generator] = None, max_rows: int = 0) -> Proposal:
+            generator: Optional[torch.Generator] = None, max_rows: int = 0,
+            nucleus_mix: float = 0.0) -> Proposal:
     """Block proposal of section 6.4.1 from one forward of y with the block masked.
 
     tokens, block: (C, L), every row with at least one position in ``block``.
@@ -140,7 +155,7 @@ def propose(logits_fn: LogitsFn, tokens: Tensor, block: Tensor, owner: Tensor, m
     valid = torch.arange(width, device=tokens.device)[None, :] < block.sum(1, keepdim=True)
     log_q = proposal_log_probs(
         masked_logits(logits_fn, tokens.masked_fill(block, mask_idx), owner, positions, max_rows),
-        temperature, top_p, forbidden)  # (C, P, V)
+        temperature, top_p, forbidden, nucleus_mix)  # (C, P, V)
     new = gumbel_draw(log_q, generator)
     old = tokens.gather(1, positions)
     new = torch.where(valid, new, old)
@@ -198,6 +213,14 @@ def annealed_target_temperature(t0: float, decrement: float, epoch: int, minimum
     return max(minimum, t0 - decrement * epoch)
 
 
+def floor_at_decrement(t0: float, minimum: float, floor_at: float, total_epochs: int) -> float:
+    """The per-epoch decrement of a linear schedule that reaches ``minimum`` at epoch
+    round(floor_at * (total_epochs - 1)) (at least epoch 1) and stays there: the
+    annealing budget defined by the epochs the chains run, not by a fixed step."""
+    last = max(1, round(floor_at * (total_epochs - 1)))
+    return max(0.0, t0 - minimum) / last
+
+
 @dataclass
 class MHConfig:
     """Options of :func:`run_chains` (see docs/mh_sampler.md)."""
@@ -210,8 +233,10 @@ class MHConfig:
     anneal_block: bool = False
     proposal_temperature: float = 1.0
     top_p: float = 1.0
+    nucleus_mix: float = 0.1
     target_temperature: float = 1.0
     target_anneal: float = 0.0
+    anneal_floor_at: float = 0.0
     min_target_temperature: float = 0.05
     accept_all_epochs: int = 0
     max_rows: int = 0
@@ -238,7 +263,25 @@ class MHConfig:
                 raise bad(name, "must be > 0")
         if not 0 < self.top_p <= 1:
             raise bad("top_p", "must be in (0, 1]")
+        if not 0 <= self.nucleus_mix < 1:
+            raise bad("nucleus_mix", "must be in [0, 1)")
+        if not 0 <= self.anneal_floor_at <= 1:
+            raise bad("anneal_floor_at", "must be in [0, 1] (a fraction of the epochs)")
+        if self.anneal_floor_at > 0 and self.target_anneal > 0:
+            shown = prefix + "target-anneal" if prefix else "target_anneal"
+            raise ValueError(f"{shown} and {prefix}anneal-floor-at are two annealing schedules: give one, "
+                             f"got {self.target_anneal!r} and {self.anneal_floor_at!r}")
         return self
+
+    def target_temperature_at(self, epoch: int) -> float:
+        """The target temperature of ``epoch`` (0-based, burn-in included): constant,
+        minus ``target_anneal`` per epoch, or linear to the floor at the fraction
+        ``anneal_floor_at`` of all epochs; never below ``min_target_temperature``."""
+        decrement = self.target_anneal
+        if self.anneal_floor_at > 0:
+            decrement = floor_at_decrement(self.target_temperature, self.min_target_temperature,
+                                           self.anneal_floor_at, self.total_epochs)
+        return annealed_target_temperature(self.target_temperature, decrement, epoch, self.min_target_temperature)
 
     @property
     def total_epochs(self) -> int:
@@ -248,26 +291,32 @@ class MHConfig:
 @dataclass
 class ChainStats:
     """Per-epoch statistics, each a list over epochs of (C,) tensors: proposals made,
-    accepted, novel (accepted and different from the current state), and the
-    energies of the state at the end of the epoch."""
+    accepted, novel (accepted and different from the current state), the
+    energies of the state at the end of the epoch, and the lowest chosen energy
+    (``cfg.energy``) visited so far."""
     proposals: List[Tensor] = field(default_factory=list)
     accepted: List[Tensor] = field(default_factory=list)
     novel: List[Tensor] = field(default_factory=list)
     e_raw: List[Tensor] = field(default_factory=list)
     e_local: List[Tensor] = field(default_factory=list)
+    e_best: List[Tensor] = field(default_factory=list)
     target_temperature: List[float] = field(default_factory=list)
     block_size: List[int] = field(default_factory=list)
 
 
 @dataclass
 class ChainResult:
-    """Final states (C, L) with their energies (C,), statistics, and the state at the
-    end of every epoch when asked (list of (C, L))."""
+    """Final states (C, L) with their energies (C,), the lowest-energy state each
+    chain visited (``best_tokens`` (C, L), its chosen energy ``best_energy`` (C,);
+    under annealing, the chain's estimate of the mode), statistics, and the state at
+    the end of every epoch when asked (list of (C, L))."""
     tokens: Tensor
     e_raw: Tensor
     e_local: Tensor
     stats: ChainStats
     history: List[Tensor]
+    best_tokens: Tensor
+    best_energy: Tensor
 
 
 def run_chains(logits_fn: LogitsFn, tokens: Tensor, free: Tensor, owner: Tensor, mask_idx: int,
@@ -285,12 +334,20 @@ def run_chains(logits_fn: LogitsFn, tokens: Tensor, free: Tensor, owner: Tensor,
     tokens = tokens.clone()
     n_free = free.sum(1)
     e_raw, e_local = energies(logits_fn, tokens, free, owner, mask_idx, cfg.max_rows)
+    raw_energy = cfg.energy == "raw"
+    best_tokens, best_energy = tokens.clone(), (e_raw if raw_energy else e_local).clone()
+
+    def keep_best(rows: Tensor, energy: Tensor) -> None:
+        """Remember the current state of ``rows`` where its energy (C,) is the lowest yet."""
+        rows = rows[energy[rows] < best_energy[rows]]
+        best_tokens[rows] = tokens[rows]
+        best_energy[rows] = energy[rows]
+
     stats = ChainStats()
     history: List[Tensor] = []
     for epoch in range(cfg.total_epochs):
         size = annealed_block_size(cfg.block_size, epoch, cfg.total_epochs, cfg.anneal_block)
-        temp = annealed_target_temperature(cfg.target_temperature, cfg.target_anneal, epoch,
-                                           cfg.min_target_temperature)
+        temp = cfg.target_temperature_at(epoch)
         accept_all = cfg.kernel == "gibbs" or epoch < cfg.accept_all_epochs
         order = sweep_order(free, cfg.order, generator)
         counts = [torch.zeros_like(n_free) for _ in range(3)]
@@ -299,13 +356,13 @@ def run_chains(logits_fn: LogitsFn, tokens: Tensor, free: Tensor, owner: Tensor,
             rows = block.any(1).nonzero(as_tuple=True)[0]
             y = tokens[rows]
             prop = propose(logits_fn, y, block[rows], owner[rows], mask_idx, cfg.proposal_temperature,
-                           cfg.top_p, forbidden, generator, cfg.max_rows)
+                           cfg.top_p, forbidden, generator, cfg.max_rows, cfg.nucleus_mix)
             if accept_all:  # no energy needed: recomputed once at the end of the epoch
                 accept = torch.ones_like(rows, dtype=torch.bool)
             else:
                 new_raw, new_local = energies(logits_fn, prop.tokens, free[rows], owner[rows], mask_idx,
                                               cfg.max_rows)
-                e_old, e_new = (e_raw, new_raw) if cfg.energy == "raw" else (e_local, new_local)
+                e_old, e_new = (e_raw, new_raw) if raw_energy else (e_local, new_local)
                 log_a = log_acceptance(e_old[rows], e_new, prop.log_q_fwd, prop.log_q_bwd, temp)
                 u = torch.rand(rows.shape, generator=generator, device=tokens.device)
                 accept = torch.log(u) < log_a
@@ -313,18 +370,22 @@ def run_chains(logits_fn: LogitsFn, tokens: Tensor, free: Tensor, owner: Tensor,
                 e_local[rows[accept]] = new_local[accept]
             changed = accept & (prop.tokens != y).any(1)
             tokens[rows[accept]] = prop.tokens[accept]
+            if not accept_all:
+                keep_best(rows[accept], e_raw if raw_energy else e_local)
             counts[0].index_add_(0, rows, torch.ones_like(rows))
             counts[1].index_add_(0, rows, accept.long())
             counts[2].index_add_(0, rows, changed.long())
-        if accept_all:
+        if accept_all:  # the energies are known only at the end of the epoch
             e_raw, e_local = energies(logits_fn, tokens, free, owner, mask_idx, cfg.max_rows)
+            keep_best(torch.arange(tokens.size(0), device=tokens.device), e_raw if raw_energy else e_local)
         stats.proposals.append(counts[0])
         stats.accepted.append(counts[1])
         stats.novel.append(counts[2])
         stats.e_raw.append(e_raw.clone())
         stats.e_local.append(e_local.clone())
+        stats.e_best.append(best_energy.clone())
         stats.target_temperature.append(temp)
         stats.block_size.append(size)
         if keep_history:
             history.append(tokens.clone())
-    return ChainResult(tokens, e_raw, e_local, stats, history)
+    return ChainResult(tokens, e_raw, e_local, stats, history, best_tokens, best_energy)

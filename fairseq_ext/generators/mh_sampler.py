@@ -10,6 +10,7 @@ EOS stay in place; special symbols (and the dictionary's ``madeupword`` padding
 entries) are never proposed.
 """
 import json
+import logging
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -19,7 +20,10 @@ from fairseq_ext.cli import ConfigError
 from fairseq_ext.core import mcmc
 from fairseq_ext.core.sampling import batch_generator
 
+logger = logging.getLogger(__name__)
+
 INITS = ("greedy", "random")
+OUTPUTS = ("final", "best")
 
 
 def check_cmlm(model) -> None:
@@ -59,7 +63,7 @@ def forbidden_symbols(tgt_dict, device=None, size: Optional[int] = None) -> Tens
     return out
 
 
-def check_options(cfg: mcmc.MHConfig, chains: int, init: str) -> mcmc.MHConfig:
+def check_options(cfg: mcmc.MHConfig, chains: int, init: str, output: str = "final") -> mcmc.MHConfig:
     """Raise ConfigError naming the first bad ``--mh-*`` option; returns ``cfg``."""
     try:
         cfg.check(prefix="--mh-")
@@ -69,6 +73,8 @@ def check_options(cfg: mcmc.MHConfig, chains: int, init: str) -> mcmc.MHConfig:
         raise ConfigError(f"translation_mh: --mh-chains must be >= 1, got {chains}")
     if init not in INITS:
         raise ConfigError(f"translation_mh: --mh-init must be one of {INITS}, got {init!r}")
+    if output not in OUTPUTS:
+        raise ConfigError(f"translation_mh: --mh-output must be one of {OUTPUTS}, got {output!r}")
     return cfg
 
 
@@ -77,11 +83,16 @@ class MHSampler:
     sentence, all sentences and chains of a batch advanced together."""
 
     def __init__(self, models: Sequence, tgt_dict, cfg: mcmc.MHConfig, chains: int = 1, init: str = "greedy",
-                 stats_file: Optional[str] = None, history: bool = False, seed: int = 1):
+                 stats_file: Optional[str] = None, history: bool = False, seed: int = 1, output: str = "final"):
         if len(models) != 1:
             raise ConfigError("translation_mh: ensembles are not supported; give one checkpoint in --path")
         check_cmlm(models[0])
-        self.cfg = check_options(cfg, chains, init)
+        self.cfg = check_options(cfg, chains, init, output)
+        if cfg.top_p < 1 and cfg.nucleus_mix == 0:
+            logger.warning("translation_mh: --mh-top-p %g with --mh-nucleus-mix 0: the chain may be reducible and then "
+                           "samples the target only among the states reachable from its start (docs/mh_sampler.md)",
+                           cfg.top_p)
+        self.output = output
         self.tgt_dict = tgt_dict
         # the model's output vocabulary: fairseq-generate with --post-process / --remove-bpe adds the
         # detokenized words of every printed hypothesis to tgt_dict (encode_line(add_if_not_exist=True))
@@ -127,12 +138,15 @@ class MHSampler:
         logits_fn = cmlm_logits_fn(model, encoder_out)
         result = mcmc.run_chains(logits_fn, tokens, free, owner, self.mask, self.cfg, forbidden=forbidden,
                                  generator=gen, keep_history=self.history)
-        _, local_terms = mcmc.energy_terms(logits_fn, result.tokens, free, owner, self.mask, self.cfg.max_rows)
-        energy = result.e_raw if self.cfg.energy == "raw" else result.e_local
+        if self.output == "best":
+            printed, energy = result.best_tokens, result.best_energy
+        else:
+            printed, energy = result.tokens, (result.e_raw if self.cfg.energy == "raw" else result.e_local)
+        _, local_terms = mcmc.energy_terms(logits_fn, printed, free, owner, self.mask, self.cfg.max_rows)
         hypos = []
         for b in range(src_tokens.size(0)):
             rows = range(b * self.chains, (b + 1) * self.chains)
-            hypos.append([self.hypothesis(result.tokens[r], local_terms[r], energy[r]) for r in rows])
+            hypos.append([self.hypothesis(printed[r], local_terms[r], energy[r]) for r in rows])
         if self.stats_file:
             self.write_stats(sample, result)
         return hypos
@@ -147,8 +161,9 @@ class MHSampler:
                 "alignment": torch.empty(0), "attention": None, "steps": self.cfg.total_epochs}
 
     def write_stats(self, sample: Dict, result: mcmc.ChainResult) -> None:
-        """One JSON line per sentence: per-epoch proposal / acceptance / novel counts
-        and energies per chain, and each chain's state (token pieces) when
+        """One JSON line per sentence: per-epoch proposal / acceptance / novel counts,
+        energies and lowest energy so far per chain, each chain's lowest-energy state
+        and its energy, and each chain's state (token pieces) when
         ``--mh-history`` is set."""
         st = result.stats
         with open(self.stats_file, "a") as f:
@@ -159,12 +174,14 @@ class MHSampler:
                 line = {"id": sid, "ref": ref,
                         "length": int(result.tokens[r.start].ne(self.pad).sum()) - 2,
                         "burn_in": self.cfg.burn_in, "energy": self.cfg.energy, "kernel": self.cfg.kernel,
+                        "best_energy": result.best_energy[r].tolist(),
+                        "best_hyps": [self.tgt_dict.string(h[h.ne(self.pad)]) for h in result.best_tokens[r]],
                         "epochs": []}
                 for e in range(len(st.proposals)):
                     row = {"epoch": e, "target_temperature": st.target_temperature[e], "block_size": st.block_size[e],
                            "proposals": st.proposals[e][r].tolist(), "accepted": st.accepted[e][r].tolist(),
                            "novel": st.novel[e][r].tolist(), "e_raw": st.e_raw[e][r].tolist(),
-                           "e_local": st.e_local[e][r].tolist()}
+                           "e_local": st.e_local[e][r].tolist(), "e_best": st.e_best[e][r].tolist()}
                     if result.history:
                         row["hyps"] = [self.tgt_dict.string(h[h.ne(self.pad)]) for h in result.history[e][r]]
                     line["epochs"].append(row)

@@ -59,6 +59,10 @@ class ResidualLMConfig(FairseqDataclass):
     joint_topk: int = field(
         default=0, metadata={"help": "top-k of the base-LM proposals of the joint sampler (0: none, exact as n grows)"}
     )
+    allow_topk_negatives: bool = field(
+        default=False, metadata={"help": "accept negatives sampled with --topk > 0 (refused by default: NCE's noise "
+                                         "is then not P_LM, so Theorem 1 and the log-Z evaluation do not hold)"}
+    )
     energy_batch_size: int = field(
         default=64, metadata={"help": "sequences per energy-model forward when scoring samples"}
     )
@@ -243,6 +247,15 @@ class ResidualLMTask(TaskBatching, FairseqTask):
         if got != expect:
             raise ConfigError(f"residual_lm: negatives {path} were sampled for {got}, but this run has {expect}: "
                              f"rerun scripts/sample_negatives.py with the same --prefix-len/--continuation-len")
+        topk = int(stored.get("topk", 0) or 0)
+        if topk > 0 and not self.cfg.allow_topk_negatives:
+            raise ConfigError(f"residual_lm: negatives {path} were sampled with --topk {topk}: NCE then learns "
+                             f"against a truncated base LM, not P_LM, so the joint model P_LM exp(-E) / Z and its "
+                             f"log-Z estimates do not hold; resample with --topk 0, or pass "
+                             f"--allow-topk-negatives to train anyway")
+        if topk > 0:
+            logger.warning("residual_lm: negatives %s were sampled with top-k %d (--allow-topk-negatives): the "
+                           "energy is trained against the truncated LM; joint perplexities are not valid", path, topk)
         if stored["tokens"].size(1) < self.cfg.num_negatives:
             raise ConfigError(f"--num-negatives {self.cfg.num_negatives} > the {stored['tokens'].size(1)} "
                              f"negatives per prefix stored in {path}")

@@ -17,7 +17,7 @@ from fairseq.tasks.translation_lev import TranslationLevenshteinConfig, Translat
 from omegaconf import II
 
 from fairseq_ext.core import mcmc
-from fairseq_ext.generators.mh_sampler import INITS, MHSampler, check_options
+from fairseq_ext.generators.mh_sampler import INITS, OUTPUTS, MHSampler, check_options
 from fairseq_ext.tasks.batching import TaskBatching
 
 
@@ -42,13 +42,25 @@ class TranslationMHConfig(TranslationLevenshteinConfig):
     mh_proposal_temperature: float = field(default=1.0, metadata={"help": "temperature of the masked "
                                                                           "conditionals used as proposal"})
     mh_top_p: float = field(default=1.0, metadata={"help": "nucleus of the proposal (1.0: off)"})
+    mh_nucleus_mix: float = field(default=0.1, metadata={
+        "help": "with --mh-top-p < 1, propose from (1 - eps) nucleus + eps full conditional, so the chain stays "
+                "irreducible and converges to the target from any start (0: the thesis's pure nucleus, which "
+                "samples the target only within the class of states reachable from the start)"})
     mh_target_temperature: float = field(default=1.0, metadata={"help": "sample from exp(-E / T)"})
     mh_target_anneal: float = field(default=0.0, metadata={"help": "subtract this from the target temperature "
                                                                    "after every epoch (section 6.8: 0.02-0.06)"})
+    mh_anneal_floor_at: float = field(default=0.0, metadata={
+        "help": "anneal the target temperature linearly to --mh-min-target-temperature, reaching it at this "
+                "fraction of all epochs (burn-in included), then stay there (0: off; exclusive with "
+                "--mh-target-anneal)"})
     mh_min_target_temperature: float = field(default=0.05, metadata={"help": "floor of the annealed target "
                                                                              "temperature"})
     mh_accept_all_epochs: int = field(default=0, metadata={"help": "accept every proposal in the first N epochs "
                                                                    "(the Table 6.6 set-up uses 2)"})
+    mh_output: ChoiceEnum(list(OUTPUTS)) = field(
+        default="final", metadata={"help": "hypothesis printed per chain: final = the chain's last state (a "
+                                           "sample), best = the lowest-energy state it visited (under annealing: "
+                                           "its estimate of the mode)"})
     mh_init: ChoiceEnum(list(INITS)) = field(
         default="greedy", metadata={"help": "initial state: greedy = argmax of one pass over the all-masked "
                                             "target (Algorithm 4), random = uniform tokens"})
@@ -71,19 +83,20 @@ class TranslationMHTask(TaskBatching, TranslationLevenshteinTask):
 
     def __init__(self, cfg: TranslationMHConfig, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
-        check_options(self.mh_config(), cfg.mh_chains, str(cfg.mh_init))  # before any data is read
+        check_options(self.mh_config(), cfg.mh_chains, str(cfg.mh_init), str(cfg.mh_output))  # before any data
 
     def mh_config(self) -> mcmc.MHConfig:
         c = self.cfg
         return mcmc.MHConfig(
             energy=str(c.mh_energy), kernel=str(c.mh_kernel), burn_in=c.mh_burn_in, epochs=c.mh_epochs,
             order=str(c.mh_order), block_size=c.mh_block_size, anneal_block=c.mh_anneal_block,
-            proposal_temperature=c.mh_proposal_temperature, top_p=c.mh_top_p,
+            proposal_temperature=c.mh_proposal_temperature, top_p=c.mh_top_p, nucleus_mix=c.mh_nucleus_mix,
             target_temperature=c.mh_target_temperature, target_anneal=c.mh_target_anneal,
+            anneal_floor_at=c.mh_anneal_floor_at,
             min_target_temperature=c.mh_min_target_temperature, accept_all_epochs=c.mh_accept_all_epochs,
             max_rows=c.mh_max_rows)
 
     def build_generator(self, models, args, **unused):
         return MHSampler(models, self.target_dictionary, self.mh_config(), chains=self.cfg.mh_chains,
-                         init=str(self.cfg.mh_init), stats_file=self.cfg.mh_stats_file,
+                         init=str(self.cfg.mh_init), output=str(self.cfg.mh_output), stats_file=self.cfg.mh_stats_file,
                          history=self.cfg.mh_history, seed=self.cfg.seed)

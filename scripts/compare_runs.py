@@ -1,0 +1,188 @@
+#!/usr/bin/env python
+"""Compare systems trained with several seeds against a control: mean +- std over
+seeds of each metric, and paired bootstrap tests against the control.
+
+    python scripts/compare_runs.py --control mle_cont \
+        mle_cont=c1.out,c2.out,c3.out mgs=m1.out,m2.out,m3.out mrt=r1.out,r2.out,r3.out
+
+Each ``LABEL=FILE[,FILE...]`` gives one fairseq-generate output (or, with
+``--text``, a file of detokenized hypotheses, one a line, then ``--ref`` is
+required) per seed; the i-th file of a system is paired with the i-th file of the
+control (same seed, same test set). Metrics are scripts/score.py's: corpus BLEU
+(sacrebleu), mean sentence BLEU, edit cost, rep-4 and hypothesis length.
+
+Significance: for BLEU, sacrebleu's paired bootstrap resampling (``--paired-bs``:
+Koehn 2004 as sacrebleu implements it, two-sided, ``--bootstrap`` resamples, p =
+(c + 1) / (n + 1) with c the resamples whose centred absolute difference exceeds
+the observed one; for two nearly identical systems this p can be small although
+the difference is negligible: read it with the difference); for the
+sentence-level metrics, a paired bootstrap of the mean per-sentence difference,
+shifted to the null. Reported per seed pair, and pooled: the seeds' test sets
+concatenated (each system's seed i against the control's seed i).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import sacrebleu
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import score as score_script  # noqa: E402  (scripts/score.py)
+
+SENTENCE_METRICS = {  # name -> per-sentence values of (hyps, refs)
+    "sentence_bleu": lambda h, r: 100.0 * (1.0 - score_script.task_losses.build_task_loss("sbleu")(h, r).double()),
+    "edit": lambda h, r: score_script.task_losses.build_task_loss("edit")([x.split() for x in h],
+                                                                          [x.split() for x in r]).double(),
+    "rep4": lambda h, r: score_script.task_losses.build_task_loss("rep", n=4)([x.split() for x in h]).double(),
+    "avg_hyp_len": lambda h, r: np.array([len(x.split()) for x in h], dtype=float),
+}
+METRICS = ["bleu"] + list(SENTENCE_METRICS)
+LOWER_IS_BETTER = {"edit", "rep4"}
+
+
+def read_system(path: str, text: bool, refs: Optional[List[str]]) -> tuple[List[str], List[str]]:
+    """(hypotheses, references) of one run: a fairseq-generate output, or with ``text``
+    one hypothesis a line against ``refs``."""
+    if text:
+        hyps = score_script.read_lines(path)
+        if refs is None or len(hyps) != len(refs):
+            raise SystemExit(f"compare_runs: {path}: {len(hyps)} lines, --ref has {len(refs or [])}")
+        return hyps, refs
+    try:
+        with open(path, encoding="utf-8") as f:
+            hyps, gen_refs, _, _ = score_script.read_generate_output(f, path)
+    except FileNotFoundError:
+        raise SystemExit(f"compare_runs: {path}: no such file") from None
+    return hyps, gen_refs
+
+
+def paired_bootstrap_mean(sys_values: np.ndarray, base_values: np.ndarray, n_samples: int, seed: int) -> float:
+    """Two-sided paired bootstrap p-value of the difference of the means of
+    per-sentence values: the resampled differences d* are shifted to the null
+    (d* - mean d*) and p = (#{|d* - mean d*| >= |d|} + 1) / (n + 1). (sacrebleu
+    centres |d*| instead, which gives small p-values to nearly identical systems.)"""
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(len(sys_values), size=(n_samples, len(sys_values)), replace=True)
+    diff = sys_values - base_values
+    observed = abs(diff.mean())
+    if observed == 0:
+        return 1.0
+    resampled = diff[idx].mean(1)
+    return (int(np.sum(np.abs(resampled - resampled.mean()) >= observed)) + 1) / (n_samples + 1)
+
+
+def paired_bootstrap_bleu(hyps: Sequence[str], base: Sequence[str], refs: Sequence[str], n_samples: int) -> float:
+    """sacrebleu's --paired-bs p-value of corpus BLEU (its own seed, 12345)."""
+    _, res = PairedTest([("baseline", list(base)), ("system", list(hyps))], {"BLEU": BLEU()}, [list(refs)],
+                        test_type="bs", n_samples=n_samples)()
+    return float(res["BLEU"][1].p_value)
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    m = sum(values) / len(values)
+    s = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return m, s
+
+
+def metrics_of(hyps: List[str], refs: List[str]) -> Dict[str, float]:
+    """Corpus BLEU and the means of the sentence-level metrics of one run."""
+    row = {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score}
+    row.update({k: float(np.mean(np.asarray(f(hyps, refs)))) for k, f in SENTENCE_METRICS.items()})
+    return row
+
+
+def compare(systems: Dict[str, List[tuple[List[str], List[str]]]], control: str, n_samples: int) -> dict:
+    """Per system: per-seed metrics, mean and std, and, against ``control``, the
+    difference of the means and the paired p-values (per seed pair and pooled)."""
+    ctrl = systems[control]
+    out = {}
+    for label, runs in systems.items():
+        per_seed = [metrics_of(h, r) for h, r in runs]
+        stats = {k: mean_std([row[k] for row in per_seed]) for k in METRICS}
+        out[label] = {"seeds": len(runs), "per_seed": per_seed, "mean": {k: v[0] for k, v in stats.items()},
+                      "std": {k: v[1] for k, v in stats.items()}}
+    for label, runs in systems.items():
+        if label == control:
+            continue
+        if len(runs) != len(ctrl):
+            raise SystemExit(f"compare_runs: {label} has {len(runs)} runs, the control {control} {len(ctrl)}: "
+                             f"runs are paired by position (seed)")
+        if any(r != br for (_, r), (_, br) in zip(runs, ctrl)):
+            raise SystemExit(f"compare_runs: {label} and {control} were not scored on the same references")
+        p = {"bleu": [paired_bootstrap_bleu(h, b, r, n_samples) for (h, r), (b, _) in zip(runs, ctrl)]}
+        pooled_h, pooled_b = [x for h, _ in runs for x in h], [x for b, _ in ctrl for x in b]
+        pooled_r = [x for _, r in runs for x in r]
+        pooled = {"bleu": paired_bootstrap_bleu(pooled_h, pooled_b, pooled_r, n_samples)}
+        for k, f in SENTENCE_METRICS.items():
+            p[k] = [paired_bootstrap_mean(np.asarray(f(h, r)), np.asarray(f(b, r)), n_samples, 12345)
+                    for (h, r), (b, _) in zip(runs, ctrl)]
+            pooled[k] = paired_bootstrap_mean(np.asarray(f(pooled_h, pooled_r)), np.asarray(f(pooled_b, pooled_r)),
+                                              n_samples, 12345)
+        out[label].update(p_value=p, p_value_pooled=pooled,
+                          diff={k: out[label]["mean"][k] - out[control]["mean"][k] for k in METRICS})
+    return out
+
+
+def markdown(result: dict, control: str, metrics: Sequence[str]) -> str:
+    """One row per system: mean +- std per metric; for the others, the difference to
+    the control and the pooled p-value (per-seed p-values in brackets)."""
+    head = ["system", "seeds"] + [m for m in metrics]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, e in result.items():
+        cells = [label + (" (control)" if label == control else ""), str(e["seeds"])]
+        for m in metrics:
+            cell = f"{e['mean'][m]:.2f} +- {e['std'][m]:.2f}" if m != "edit" and m != "rep4" \
+                else f"{e['mean'][m]:.3f} +- {e['std'][m]:.3f}"
+            if label != control:
+                seeds = ", ".join(f"{p:.3f}" for p in e["p_value"][m])
+                cell += f" ({e['diff'][m]:+.2f}; p = {e['p_value_pooled'][m]:.3f} [{seeds}])" if m not in \
+                    LOWER_IS_BETTER else f" ({e['diff'][m]:+.3f}; p = {e['p_value_pooled'][m]:.3f} [{seeds}])"
+            cells.append(cell)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("systems", nargs="+", metavar="LABEL=FILE[,FILE...]", help="one file per seed")
+    parser.add_argument("--control", required=True, help="label of the control system")
+    parser.add_argument("--metrics", default="bleu,sentence_bleu,edit,avg_hyp_len",
+                        help=f"comma-separated, from {','.join(METRICS)}")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (sacrebleu's default 1000)")
+    parser.add_argument("--text", action="store_true", help="files hold plain hypotheses (needs --ref)")
+    parser.add_argument("--ref", default=None, help="references, one a line (with --text)")
+    parser.add_argument("--json", default=None, help="write the full result here")
+    args = parser.parse_args(argv)
+    metrics = args.metrics.split(",")
+    bad = [m for m in metrics if m not in METRICS]
+    if bad:
+        parser.error(f"--metrics: unknown {bad}; choose from {METRICS}")
+    if args.text and not args.ref:
+        parser.error("--text needs --ref")
+    refs = score_script.read_lines(args.ref) if args.ref else None
+    systems: Dict[str, list] = {}
+    for spec in args.systems:
+        label, sep, files = spec.partition("=")
+        if not sep or not files:
+            parser.error(f"expected LABEL=FILE[,FILE...], got {spec!r}")
+        systems[label] = [read_system(f, args.text, refs) for f in files.split(",")]
+    if args.control not in systems:
+        parser.error(f"--control {args.control!r} is not one of {list(systems)}")
+    result = compare(systems, args.control, args.bootstrap)
+    print(markdown(result, args.control, metrics))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
