@@ -80,7 +80,8 @@ done
 
 decode() {  # checkpoint, beam, output
   [ -s "$3" ] || fairseq-generate "$WORK/data/bin" --user-dir fairseq_ext --path "$1" --gen-subset test \
-    --beam "$2" --batch-size 128 --post-process sentencepiece --max-len-a 1.2 --max-len-b 10 > "$3" 2> "$3.log"
+    --beam "$2" --batch-size 128 --required-batch-size-multiple 1 --post-process sentencepiece --max-len-a 1.2 \
+    --max-len-b 10 > "$3" 2> "$3.log"
 }
 mkdir -p "$WORK/gen"
 for beam in 1 5; do
