@@ -1,11 +1,11 @@
-"""Batch-iterator fixes shared by the project's tasks (translation_mh, residual_lm,
-sequence_tagging)."""
+"""Batch-iterator fixes shared by the project's tasks (translation_mh, translation_search,
+residual_lm, sequence_tagging, text_completion)."""
 from fairseq_ext.cli import ConfigError
 
 
 class TaskBatching:
-    """Mixin for a FairseqTask whose config has ``num_shards`` / ``shard_id``
-    (``II("dataset.num_shards")`` / ``II("dataset.shard_id")``):
+    """Mixin for a FairseqTask, whose config may have ``num_shards`` / ``shard_id``
+    (``II("dataset.num_shards")`` / ``II("dataset.shard_id")``; without them, no sharding):
 
     - ``required_batch_size_multiple`` = 1: fairseq main (fairseq-fixed) drops the
       last batch when its size is not a multiple of that (default 8), which silently

@@ -26,6 +26,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
 from fairseq_ext.cli import ConfigError
+from fairseq_ext.tasks.batching import TaskBatching
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ def prefix_sample(sample: Dict, pad: int, eos: int) -> Dict:
 
 
 @register_task("text_completion", dataclass=TextCompletionConfig)
-class TextCompletionTask(LanguageModelingTask):
+class TextCompletionTask(TaskBatching, LanguageModelingTask):
     """Continue a k-token prefix; see the module docstring."""
 
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs):
