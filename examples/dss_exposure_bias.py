@@ -16,8 +16,9 @@ system of that architecture.
 
 Scores (greedy decoding, ``--beam 1``): token accuracy, whole-sequence accuracy
 and accuracy by target position; beside them the teacher-forced accuracy by
-position (argmax given the gold prefix), which shows how much of the greedy
-loss comes from compounding.
+position (argmax given the gold prefix) and the compounding gap, teacher-forced
+minus greedy accuracy: how much of the greedy loss comes from the model's own
+earlier mistakes.
 
 Resumable: every stage skips what its output file says is done.
 
@@ -184,11 +185,15 @@ def table(work, archs, systems):
                      mean_std([s["seq_acc"] for s in test])]
             cells += [mean_std([bucket(s, "by_position", lo, hi) for s in test]) for lo, hi in BUCKETS]
             print("| " + " | ".join(cells + [str(len(test))]) + " |")
-        print("\nteacher-forced accuracy (gold prefix) at the same positions, test:")
+        head = ["system"] + [f"teacher-forced pos {lo}-{hi}" for lo, hi in BUCKETS[2:]] + \
+               [f"compounding pos {lo}-{hi}" for lo, hi in BUCKETS[2:]]
+        print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         for system in systems:
             test = load(work, arch, system, "test")
-            print(f"  {system}: " + " ".join(
-                mean_std([bucket(s, "teacher_forced_by_position", lo, hi) for s in test]) for lo, hi in BUCKETS))
+            tf = [mean_std([bucket(s, "teacher_forced_by_position", lo, hi) for s in test]) for lo, hi in BUCKETS[2:]]
+            gap = [mean_std([bucket(s, "teacher_forced_by_position", lo, hi) - bucket(s, "by_position", lo, hi)
+                             for s in test]) for lo, hi in BUCKETS[2:]]
+            print("| " + " | ".join([LABELS[system]] + tf + gap) + " |")
 
 
 def main(argv=None):
