@@ -1,19 +1,23 @@
 """The exposure-bias task: running sums modulo m (deterministic from a seed, no
 download), and the position-wise scorer of its greedy outputs.
 
-Source: digits x_1 .. x_n in [0, m). Target: y_t = (x_1 + ... + x_t) mod m, so
-every target token is computable from the source alone, but on gold prefixes it
-is also y_t = (y_{t-1} + x_t) mod m: one addition of two visible tokens. A model
-trained only on gold prefixes (teacher forcing) is rewarded for that shortcut
-through its own previous output, and at test time, under greedy decoding, one
-wrong y_{t-1} makes every later y_t wrong by the same offset (the error never
-washes out: the offset is carried forward exactly). A model trained on its own
-decisions sees wrong y_{t-1} with a gold y_t computed from the source, and is
-pushed towards the source route (or towards fewer early mistakes). Nothing else
-in the task depends on the history: no ambiguity, no reordering, target length =
-source length, so a gap between accuracy at early and late positions measures
-how errors compound, i.e. exposure bias. Source and target tokens are written
-as ``x3`` and ``y3`` (disjoint symbols in a joined dictionary).
+Source: steps x_1 .. x_n in [0, max_step] (default 2). Target: y_t = (x_1 + ...
++ x_t) mod m (default 10), so every target token is computable from the source
+alone, but on gold prefixes it is also y_t = (y_{t-1} + x_t) mod m: one addition
+of two visible tokens. A model trained only on gold prefixes (teacher forcing)
+is rewarded for that shortcut through its own previous output, and at test time,
+under greedy decoding, one wrong y_{t-1} makes every later y_t wrong by the same
+offset (the error never washes out: the offset is carried forward exactly). A
+model trained on its own decisions sees wrong y_{t-1} with a gold y_t computed
+from the source, and is pushed towards the source route (or towards fewer early
+mistakes). Nothing else in the task depends on the history: no ambiguity, no
+reordering, target length = source length, so the gap between accuracy given the
+gold prefix and greedy accuracy at late positions measures how errors compound,
+i.e. exposure bias. Small steps matter: with x uniform in [0, m) the sum mod m
+is independent of either addend alone, so there is no gradient signal until both
+are used (a tiny LSTM learned nothing in 600 updates); with steps in {0, 1, 2}
+y_t is within two of y_{t-1}. Source and target tokens are written as ``x2`` and
+``y7`` (disjoint symbols in a joined dictionary).
 
 CLI: ``python -m fairseq_ext.prefix_sum OUT_DIR [--train N --valid N --test N
 --modulus M --min-len A --max-len B --seed S]`` writes
