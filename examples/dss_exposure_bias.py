@@ -1,0 +1,219 @@
+#!/usr/bin/env python
+"""Exposure bias where it must show: (differentiable) scheduled sampling against
+teacher forcing on running sums mod m (``fairseq_ext/prefix_sum.py``).
+
+Every run goes through ``fairseq-train`` and ``fairseq-generate``: a tiny LSTM
+or transformer, the same data, optimizer, batch size and number of epochs for
+every system; cross-entropy (``--criterion cross_entropy``) or
+``--criterion differentiable_scheduled_sampling`` with the thesis's schedule
+(teacher forcing in epoch 1, then eps = k / (k + exp(t / k)) per epoch, t =
+epochs after the first; alpha fixed at 1 or multiplied by ALPHA_GROWTH per
+epoch). Every system is scored on its last checkpoint (the same selection rule
+for all: the validation loss fairseq computes is teacher-forced and would favour
+teacher forcing). k is chosen on dev from K_GRID with DSS soft-argmax (fixed
+alpha), seed 1, per architecture, and then used for every scheduled-sampling
+system of that architecture.
+
+Scores (greedy decoding, ``--beam 1``): token accuracy, whole-sequence accuracy
+and accuracy by target position; beside them the teacher-forced accuracy by
+position (argmax given the gold prefix) and the compounding gap, teacher-forced
+minus greedy accuracy: how much of the greedy loss comes from the model's own
+earlier mistakes.
+
+Resumable: every stage skips what its output file says is done.
+
+usage: python examples/dss_exposure_bias.py WORK_DIR [--archs lstm transformer]
+       [--seeds 1 2 3] [--systems ...] [--table]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from fairseq_ext import prefix_sum, toy  # noqa: E402
+
+DATA = dict(sizes=(4000, 300, 300), modulus=10, max_step=2, min_len=4, max_len=16, seed=1)
+EPOCHS = 20
+BATCH = ["--batch-size", "64"]
+OPTIM = ["--optimizer", "adam", "--lr", "0.005", "--clip-norm", "1"]
+ALPHA_GROWTH = 1.25
+K_GRID = (1, 3, 10)
+ARCHS = {
+    "lstm": ["--arch", "lstm", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
+             "--decoder-embed-dim", "32", "--encoder-hidden-size", "64", "--decoder-hidden-size", "64",
+             "--decoder-out-embed-dim", "32", "--dropout", "0"],
+    "transformer": ["--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1",
+                    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+                    "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+                    "--decoder-attention-heads", "2", "--dropout", "0"],
+}
+DSS = ["--criterion", "differentiable_scheduled_sampling", "--dss-schedule", "inverse_sigmoid",
+       "--dss-schedule-unit", "epoch", "--dss-warmup", "1"]
+SYSTEMS = {  # name: criterion options (K is replaced by the k chosen on dev)
+    "ce": ["--criterion", "cross_entropy"],
+    "ss_greedy": DSS + ["--dss-mode", "hard-argmax", "--dss-decay-k", "K"],
+    "ss_sample": DSS + ["--dss-mode", "hard-sample", "--dss-decay-k", "K"],
+    "soft_greedy_fixed": DSS + ["--dss-mode", "soft-argmax", "--dss-decay-k", "K", "--dss-alpha", "1"],
+    "soft_greedy_annealed": DSS + ["--dss-mode", "soft-argmax", "--dss-decay-k", "K", "--dss-alpha", "1",
+                                   "--dss-alpha-growth", str(ALPHA_GROWTH)],
+    "soft_sample_fixed": DSS + ["--dss-mode", "soft-sample", "--dss-decay-k", "K", "--dss-alpha", "1"],
+    "soft_sample_annealed": DSS + ["--dss-mode", "soft-sample", "--dss-decay-k", "K", "--dss-alpha", "1",
+                                   "--dss-alpha-growth", str(ALPHA_GROWTH)],
+}
+LABELS = {
+    "ce": "CE (teacher forcing)",
+    "ss_greedy": "scheduled sampling, greedy (hard-argmax)",
+    "ss_sample": "scheduled sampling, sample (hard-sample)",
+    "soft_greedy_fixed": "DSS soft-argmax, alpha 1 fixed",
+    "soft_greedy_annealed": f"DSS soft-argmax, alpha 1 x{ALPHA_GROWTH}/epoch",
+    "soft_sample_fixed": "DSS soft-sample, alpha 1 fixed",
+    "soft_sample_annealed": f"DSS soft-sample, alpha 1 x{ALPHA_GROWTH}/epoch",
+}
+BUCKETS = ((1, 4), (5, 8), (9, 12), (13, 16))
+
+
+def env():
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
+    return e
+
+
+def sh(args, log):
+    with open(log, "w") as f:
+        proc = subprocess.run(args, cwd=REPO, env=env(), stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        sys.exit(f"failed ({proc.returncode}), see {log}: {' '.join(args)}")
+
+
+def prepare(work):
+    bin_dir = os.path.join(work, "bin")
+    if not os.path.isfile(os.path.join(bin_dir, "test.src-tgt.tgt.idx")):
+        raw = prefix_sum.write_prefix_sum_data(os.path.join(work, "raw"), **DATA)
+        toy.binarize_translation(raw, bin_dir)
+    return bin_dir
+
+
+def run(work, bin_dir, arch, system, seed, k, splits=("valid", "test"), tag=None):
+    """Train, decode and score one system; returns its run directory."""
+    name = tag or system
+    d = os.path.join(work, arch, f"{name}.s{seed}")
+    os.makedirs(d, exist_ok=True)
+    ckpt = os.path.join(d, "checkpoint_last.pt")
+    done = os.path.join(d, "train.done")
+    if not os.path.isfile(done):
+        crit = [str(k) if a == "K" else a for a in SYSTEMS[system]]
+        sh(["fairseq-train", bin_dir, "--user-dir", "fairseq_ext", "--task", "translation"] + ARCHS[arch] + crit
+           + OPTIM + BATCH + ["--max-epoch", str(EPOCHS), "--save-dir", d, "--no-epoch-checkpoints",
+                              "--no-save-optimizer-state", "--num-workers", "0", "--seed", str(seed),
+                              "--log-format", "simple", "--log-interval", "20"], os.path.join(d, "train.log"))
+        open(done, "w").close()
+    for split in splits:
+        js = os.path.join(d, f"{split}.json")
+        if os.path.isfile(js):
+            continue
+        gen = os.path.join(d, f"{split}.gen")
+        sh(["fairseq-generate", bin_dir, "--user-dir", "fairseq_ext", "--path", ckpt, "--gen-subset", split,
+            "--beam", "1", "--batch-size", "300", "--required-batch-size-multiple", "1", "--num-workers", "0"], gen)
+        with open(gen) as f:
+            scores = prefix_sum.position_accuracy(*prefix_sum.read_generate_output(f.read()))
+        scores["teacher_forced_by_position"] = prefix_sum.teacher_forced_by_position(ckpt, bin_dir, split)
+        with open(js, "w") as f:
+            json.dump(scores, f)
+    print(f"done: {arch} {name} seed {seed}", flush=True)
+    return d
+
+
+def load(work, arch, name, split):
+    out = []
+    for seed_dir in sorted(os.listdir(os.path.join(work, arch))) if os.path.isdir(os.path.join(work, arch)) else []:
+        if seed_dir.startswith(name + ".s"):
+            js = os.path.join(work, arch, seed_dir, f"{split}.json")
+            if os.path.isfile(js):
+                with open(js) as f:
+                    out.append(json.load(f))
+    return out
+
+
+def choose_k(work, bin_dir, arch):
+    """k with the best dev sequence accuracy of DSS soft-argmax (alpha 1 fixed), seed 1."""
+    path = os.path.join(work, arch, "k_choice.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)["k"]
+    dev = {}
+    for k in K_GRID:
+        run(work, bin_dir, arch, "soft_greedy_fixed", 1, k, splits=("valid",), tag=f"k{k}")
+        dev[k] = load(work, arch, f"k{k}", "valid")[0]["seq_acc"]
+    best = max(K_GRID, key=lambda k: dev[k])
+    with open(path, "w") as f:
+        json.dump({"k": best, "dev_seq_acc": dev}, f)
+    return best
+
+
+def mean_std(values, scale=100.0):
+    if not values:
+        return "n/a"
+    v = [scale * x for x in values]
+    return f"{statistics.mean(v):.1f} +- {statistics.stdev(v) if len(v) > 1 else 0.0:.1f}"
+
+
+def bucket(scores, key, lo, hi):
+    by = {int(t): a for t, a in scores[key].items()}
+    vals = [by[t] for t in range(lo, hi + 1) if t in by]
+    return sum(vals) / len(vals)
+
+
+def table(work, archs, systems):
+    for arch in archs:
+        kpath = os.path.join(work, arch, "k_choice.json")
+        if os.path.isfile(kpath):
+            with open(kpath) as f:
+                kc = json.load(f)
+            print(f"\n{arch}: k = {kc['k']} (dev seq acc of DSS soft-argmax by k, seed 1: "
+                  + ", ".join(f"{k}: {100 * v:.1f}" for k, v in kc["dev_seq_acc"].items()) + ")")
+        head = ["system", "dev seq acc", "test token acc", "test seq acc"] + \
+               [f"pos {lo}-{hi}" for lo, hi in BUCKETS] + ["seeds"]
+        print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+        for system in systems:
+            dev, test = load(work, arch, system, "valid"), load(work, arch, system, "test")
+            cells = [LABELS[system], mean_std([s["seq_acc"] for s in dev]), mean_std([s["token_acc"] for s in test]),
+                     mean_std([s["seq_acc"] for s in test])]
+            cells += [mean_std([bucket(s, "by_position", lo, hi) for s in test]) for lo, hi in BUCKETS]
+            print("| " + " | ".join(cells + [str(len(test))]) + " |")
+        head = ["system"] + [f"teacher-forced pos {lo}-{hi}" for lo, hi in BUCKETS[2:]] + \
+               [f"compounding pos {lo}-{hi}" for lo, hi in BUCKETS[2:]]
+        print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+        for system in systems:
+            test = load(work, arch, system, "test")
+            tf = [mean_std([bucket(s, "teacher_forced_by_position", lo, hi) for s in test]) for lo, hi in BUCKETS[2:]]
+            gap = [mean_std([bucket(s, "teacher_forced_by_position", lo, hi) - bucket(s, "by_position", lo, hi)
+                             for s in test]) for lo, hi in BUCKETS[2:]]
+            print("| " + " | ".join([LABELS[system]] + tf + gap) + " |")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("work")
+    p.add_argument("--archs", nargs="+", default=list(ARCHS), choices=list(ARCHS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
+    p.add_argument("--k", type=float, help="use this k instead of choosing it on dev")
+    p.add_argument("--table", action="store_true", help="only print the table of what is done")
+    a = p.parse_args(argv)
+    if not a.table:
+        bin_dir = prepare(a.work)
+        for arch in a.archs:
+            k = a.k if a.k is not None else choose_k(a.work, bin_dir, arch)
+            for seed in a.seeds:
+                for system in a.systems:
+                    run(a.work, bin_dir, arch, system, seed, k)
+    table(a.work, a.archs, a.systems)
+
+
+if __name__ == "__main__":
+    main()
