@@ -77,7 +77,8 @@ run() {  # name seed
     for split in valid test; do
       for beam in 1 5; do
         fairseq-generate "$WORK/data/bin" --user-dir fairseq_ext --path "$dir/checkpoint_last.pt" --gen-subset $split \
-          --beam $beam --batch-size 128 --post-process sentencepiece --max-len-a 1.2 --max-len-b 10 \
+          --beam $beam --batch-size 128 --required-batch-size-multiple 1 --post-process sentencepiece \
+          --max-len-a 1.2 --max-len-b 10 \
           > "$dir/$split.beam$beam.gen" 2> "$dir/$split.beam$beam.gen.log"
         "$PYTHON" scripts/score.py "$dir/$split.beam$beam.gen" --json "$dir/$split.beam$beam.json" > /dev/null
       done
