@@ -47,16 +47,13 @@ for seed in $SEEDS; do
   mkdir -p "$S"
   T=(--user-dir fairseq_ext --task residual_lm --base-lm "$S/lm/checkpoint_last.pt" --prefix-len "$P"
      --continuation-len "$L" --seed "$seed")
-  # --data-buffer-size 0: fairseq-train's background batch thread otherwise aborts the process at exit
-  # ("terminate called without an active exception", exit 134, after "done training") when
-  # --max-update falls on an epoch end, as it does here for some TRAIN / LM_UPDATES
   if ! finished "$S/lm.log"; then
     log "seed $seed: base LM, $LM_UPDATES updates (1 layer, 16 units: deliberately weak)"
     fairseq-train "$WORK/bin" --user-dir fairseq_ext --task language_modeling --arch transformer_lm \
       --decoder-layers 1 --decoder-embed-dim 16 --decoder-output-dim 16 --decoder-ffn-embed-dim 32 \
       --decoder-attention-heads 2 --tokens-per-sample $((P + L)) --optimizer adam --lr 0.005 \
       --max-tokens 2000 --max-update "$LM_UPDATES" --save-dir "$S/lm" --no-epoch-checkpoints --disable-validation \
-      --num-workers 0 --data-buffer-size 0 --seed "$seed" >> "$S/lm.log" 2>&1
+      --num-workers 0 --seed "$seed" >> "$S/lm.log" 2>&1
   fi
   if [ ! -s "$S/neg/valid.negatives.pt" ]; then
     log "seed $seed: $NEG negatives per prefix"

@@ -2,16 +2,22 @@
 
 Importing the package registers every criterion, task, model and task loss with
 fairseq, makes fairseq's checkpoint loader work under torch >= 2.6, its copies
-to ``checkpoint_last.pt`` atomic, and carries criterion state through checkpoints
-(see ``fairseq_ext.compat``), and makes a bad plugin option end a command with one
+to ``checkpoint_last.pt`` atomic, carries criterion state through checkpoints and
+lets fairseq's batch threads finish before the process exits (see ``fairseq_ext.compat``), and makes a bad plugin option end a command with one
 line and ``--help`` list the chosen components' options (see ``fairseq_ext.cli``).
 """
 from fairseq_ext import cli
-from fairseq_ext.compat import patch_checkpoint_copies, patch_checkpoint_loading, patch_criterion_state
+from fairseq_ext.compat import (
+    patch_checkpoint_copies,
+    patch_checkpoint_loading,
+    patch_criterion_state,
+    stop_batch_threads_at_exit,
+)
 
 patch_checkpoint_loading()
 patch_checkpoint_copies()
 patch_criterion_state()
+stop_batch_threads_at_exit()
 cli.install()
 
 from fairseq_ext import losses  # noqa: E402,F401  (registers the ``lm`` task loss)

@@ -21,11 +21,18 @@ to ``checkpoint_last.pt`` / ``checkpoint_best.pt`` atomic (see its docstring).
 Criterion state: ``patch_criterion_state`` saves a criterion's running state (PG's
 moving baseline) with every checkpoint and gives it back on resume (see its
 docstring).
+
+Clean exit: ``stop_batch_threads_at_exit`` stops fairseq's background batch
+threads before the interpreter shuts down (see its docstring).
 """
+import atexit
 import functools
 import inspect
 import os
+import queue
 import shutil
+import threading
+import time
 import types
 from typing import Callable
 
@@ -144,3 +151,37 @@ def patch_criterion_state() -> None:
 
     save_checkpoint.__fairseq_ext_state__ = True
     Trainer.save_checkpoint, Trainer.load_checkpoint = save_checkpoint, load_checkpoint
+
+
+def _stop_background_consumers(timeout: float = 10.0) -> None:
+    """Let every live ``fairseq.data.iterators.BackgroundConsumer`` finish: it stops
+    after the batch it is making (its length limit set to 0), its queue is drained so
+    that a blocked ``put`` returns, and it is joined (at most ``timeout`` seconds)."""
+    from fairseq.data import iterators
+
+    for thread in threading.enumerate():
+        if not isinstance(thread, iterators.BackgroundConsumer) or not thread.is_alive():
+            continue
+        thread._max_len = 0
+        deadline = time.monotonic() + timeout
+        while thread.is_alive() and time.monotonic() < deadline:
+            try:
+                while True:
+                    thread._queue.get_nowait()
+            except queue.Empty:
+                pass
+            thread.join(0.01)
+
+
+def stop_batch_threads_at_exit() -> None:
+    """fairseq makes training batches in a daemon thread (``BufferedIterator``,
+    ``--data-buffer-size`` > 0), still running when a run stops in the middle of an
+    epoch (``--max-update``). At interpreter exit that thread can be inside torch
+    while torch's static objects are destroyed: the process then aborts with
+    "terminate called without an active exception" (exit 134) after fairseq has
+    logged "done training" and saved everything, so scripts see a failed run.
+    Registered at exit, this lets those threads finish first. Idempotent."""
+    if getattr(stop_batch_threads_at_exit, "done", False):
+        return
+    atexit.register(_stop_background_consumers)
+    stop_batch_threads_at_exit.done = True

@@ -158,7 +158,7 @@ EXPECTED_SECONDS = {
     "test_real_data": 140, "test_distributed": 120, "test_recipes": 110, "test_soft_beam": 100,
     "test_mh_sampler": 110, "test_demo": 95, "test_mgs_cli": 80, "test_residual_distinct": 75,
     "test_dss_exposure_bias": 75, "test_pg_baseline": 60, "test_residual_ebm_cli": 45, "test_soft_beam_label_bias": 45,
-    "test_dss": 45, "test_robustness": 35, "test_tagging": 30, "test_bench_soft_beam_smoke": 28, "test_estimators": 20,
+    "test_dss": 45, "test_robustness": 50, "test_tagging": 30, "test_bench_soft_beam_smoke": 28, "test_estimators": 20,
     "test_mh_core": 20,
     "test_logging": 15, "test_prepare_translation": 15, "test_cli_ux": 15, "test_mgs_distributed": 15,
 }
