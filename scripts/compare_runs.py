@@ -93,20 +93,20 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return m, s
 
 
-def metrics_of(hyps: List[str], refs: List[str]) -> Dict[str, float]:
-    """Corpus BLEU and the means of the sentence-level metrics of one run."""
-    row = {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score}
-    row.update({k: float(np.mean(np.asarray(f(hyps, refs)))) for k, f in SENTENCE_METRICS.items()})
-    return row
+def sentence_values(hyps: List[str], refs: List[str]) -> Dict[str, np.ndarray]:
+    """The per-sentence values of every sentence-level metric of one run."""
+    return {k: np.asarray(f(hyps, refs), dtype=float) for k, f in SENTENCE_METRICS.items()}
 
 
 def compare(systems: Dict[str, List[tuple[List[str], List[str]]]], control: str, n_samples: int) -> dict:
     """Per system: per-seed metrics, mean and std, and, against ``control``, the
     difference of the means and the paired p-values (per seed pair and pooled)."""
     ctrl = systems[control]
+    values = {label: [sentence_values(h, r) for h, r in runs] for label, runs in systems.items()}
     out = {}
     for label, runs in systems.items():
-        per_seed = [metrics_of(h, r) for h, r in runs]
+        per_seed = [{"bleu": sacrebleu.corpus_bleu(h, [r]).score, **{k: float(v.mean()) for k, v in vals.items()}}
+                    for (h, r), vals in zip(runs, values[label])]
         stats = {k: mean_std([row[k] for row in per_seed]) for k in METRICS}
         out[label] = {"seeds": len(runs), "per_seed": per_seed, "mean": {k: v[0] for k, v in stats.items()},
                       "std": {k: v[1] for k, v in stats.items()}}
@@ -122,11 +122,10 @@ def compare(systems: Dict[str, List[tuple[List[str], List[str]]]], control: str,
         pooled_h, pooled_b = [x for h, _ in runs for x in h], [x for b, _ in ctrl for x in b]
         pooled_r = [x for _, r in runs for x in r]
         pooled = {"bleu": paired_bootstrap_bleu(pooled_h, pooled_b, pooled_r, n_samples)}
-        for k, f in SENTENCE_METRICS.items():
-            p[k] = [paired_bootstrap_mean(np.asarray(f(h, r)), np.asarray(f(b, r)), n_samples, 12345)
-                    for (h, r), (b, _) in zip(runs, ctrl)]
-            pooled[k] = paired_bootstrap_mean(np.asarray(f(pooled_h, pooled_r)), np.asarray(f(pooled_b, pooled_r)),
-                                              n_samples, 12345)
+        for k in SENTENCE_METRICS:
+            sys_vals, base_vals = [v[k] for v in values[label]], [v[k] for v in values[control]]
+            p[k] = [paired_bootstrap_mean(sv, bv, n_samples, 12345) for sv, bv in zip(sys_vals, base_vals)]
+            pooled[k] = paired_bootstrap_mean(np.concatenate(sys_vals), np.concatenate(base_vals), n_samples, 12345)
         out[label].update(p_value=p, p_value_pooled=pooled,
                           diff={k: out[label]["mean"][k] - out[control]["mean"][k] for k in METRICS})
     return out
@@ -135,17 +134,16 @@ def compare(systems: Dict[str, List[tuple[List[str], List[str]]]], control: str,
 def markdown(result: dict, control: str, metrics: Sequence[str]) -> str:
     """One row per system: mean +- std per metric; for the others, the difference to
     the control and the pooled p-value (per-seed p-values in brackets)."""
-    head = ["system", "seeds"] + [m for m in metrics]
+    head = ["system", "seeds"] + list(metrics)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, e in result.items():
         cells = [label + (" (control)" if label == control else ""), str(e["seeds"])]
         for m in metrics:
-            cell = f"{e['mean'][m]:.2f} +- {e['std'][m]:.2f}" if m != "edit" and m != "rep4" \
-                else f"{e['mean'][m]:.3f} +- {e['std'][m]:.3f}"
+            d = 3 if m in LOWER_IS_BETTER else 2  # edit and rep-4 are fractions
+            cell = f"{e['mean'][m]:.{d}f} +- {e['std'][m]:.{d}f}"
             if label != control:
                 seeds = ", ".join(f"{p:.3f}" for p in e["p_value"][m])
-                cell += f" ({e['diff'][m]:+.2f}; p = {e['p_value_pooled'][m]:.3f} [{seeds}])" if m not in \
-                    LOWER_IS_BETTER else f" ({e['diff'][m]:+.3f}; p = {e['p_value_pooled'][m]:.3f} [{seeds}])"
+                cell += f" ({e['diff'][m]:+.{d}f}; p = {e['p_value_pooled'][m]:.3f} [{seeds}])"
             cells.append(cell)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
