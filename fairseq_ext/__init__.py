@@ -3,8 +3,9 @@
 Importing the package registers every criterion, task, model and task loss with
 fairseq, makes fairseq's checkpoint loader work under torch >= 2.6, its copies
 to ``checkpoint_last.pt`` atomic, carries criterion state through checkpoints and
-lets fairseq's batch threads finish before the process exits (see ``fairseq_ext.compat``), and makes a bad plugin option end a command with one
-line and ``--help`` list the chosen components' options (see ``fairseq_ext.cli``).
+lets fairseq's batch threads finish before the process exits (see
+``fairseq_ext.compat``), and makes a bad plugin option end a command with one line
+and ``--help`` list the chosen components' options (see ``fairseq_ext.cli``).
 """
 from fairseq_ext import cli
 from fairseq_ext.compat import (
