@@ -7,7 +7,6 @@ fine-tune was stopped resumes it."""
 import json
 import re
 import shutil
-import sys
 
 import pytest
 
@@ -22,7 +21,7 @@ MARGIN = 0.25
 
 
 def _demo(work, **env):
-    base = {"SEED": "1", "PYTHON": sys.executable, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1", **REDUCED}
+    base = {"SEED": "1", "PYTHON": "python", "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1", **REDUCED}
     return run_cli(["bash", "examples/demo.sh", str(work)], env=dict(base, **env)).stdout
 
 

@@ -32,7 +32,6 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -90,7 +89,7 @@ def mt(tmp_path_factory):
     """8-sentence toy translation data and a tiny transformer trained on it with MLE."""
     root = tmp_path_factory.mktemp("dist_mt")
     data = toy.binarize_translation(toy.write_toy_data(str(root / "raw"), sizes=(8, 8, 8), seed=1), str(root / "bin"))
-    subprocess.run([sys.executable, SCRIPT, data, *COMMON, *NO_VALID, *MT_MODEL, "--optimizer", "adam", "--lr", "0.01",
+    subprocess.run(["python", SCRIPT, data, *COMMON, *NO_VALID, *MT_MODEL, "--optimizer", "adam", "--lr", "0.01",
                     "--batch-size", "8", "--max-update", "40", "--save-dir", str(root / "mle")],
                    cwd=REPO, env=_env(), check=True, capture_output=True)
     return data, str(root / "mle" / "checkpoint_last.pt")
@@ -115,7 +114,7 @@ def _launch(out, args, world=1, backend=None):
             "--distributed-world-size", str(world), "--distributed-rank", str(rank), "--distributed-backend", "gloo",
             "--distributed-no-spawn", "--distributed-init-method", f"file://{out}/init", "--ddp-backend", backend]
         log = open(os.path.join(out, f"log{rank}"), "w")
-        procs.append((subprocess.Popen([sys.executable, SCRIPT, *args, *dist], cwd=REPO, stdout=log,
+        procs.append((subprocess.Popen(["python", SCRIPT, *args, *dist], cwd=REPO, stdout=log,
                                        stderr=subprocess.STDOUT, env=_env(out, backend == "c10d")), log))
     return procs
 

@@ -8,7 +8,6 @@ import json
 import os
 import struct
 import subprocess
-import sys
 
 import pytest
 
@@ -132,7 +131,7 @@ def test_plot_log_mgs_draws_the_diagnostics_of_an_mgs_run(runs, tmp_path):
     (["--metric", "loss", "--out", "/no/such/dir/fig.png"], "plot_log: --out /no/such/dir/fig.png: no such directory"),
 ])
 def test_plot_log_bad_input_is_one_line(runs, tmp_path, args, message):
-    cmd = [sys.executable, "scripts/plot_log.py", str(runs / "mgs.log"), "--out", str(tmp_path / "f.png"), *args]
+    cmd = ["python", "scripts/plot_log.py", str(runs / "mgs.log"), "--out", str(tmp_path / "f.png"), *args]
     proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and not (tmp_path / "f.png").exists()
     assert proc.stderr.strip().splitlines()[-1].startswith(message), proc.stderr[-2000:]

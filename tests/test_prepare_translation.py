@@ -6,7 +6,6 @@ now a wrapper, still takes Multi30k's layout."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 from fairseq.data import Dictionary
@@ -20,7 +19,7 @@ SIZES = {"training": 300, "heldout": 40, "eval": 30}
 
 
 def prepare(*args):
-    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"),
+    return subprocess.run(["python", SCRIPT, *map(str, args)], cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=300)
 
 
@@ -95,7 +94,7 @@ def test_prepare_multi30k_layout(tmp_path):
         pairs = toy.toy_corpus(60 if name == "train" else 10, seed)
         for lang, side in (("de", 0), ("en", 1)):
             (raw / f"{name}.{lang}").write_text("".join(p[side] + "\n" for p in pairs))
-    env = cli_env(PYTHON=sys.executable, WORKERS="1")
+    env = cli_env(PYTHON="python", WORKERS="1")
     proc = subprocess.run(["bash", "scripts/prepare_multi30k.sh", str(raw), str(tmp_path / "out"), "100"], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

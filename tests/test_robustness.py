@@ -28,7 +28,9 @@ def test_killed_run_leaves_a_loadable_checkpoint_that_resumes(toy_bin, tmp_path)
             "--max-tokens", "200", "--no-epoch-checkpoints", "--disable-validation", "--save-dir", str(save)]
     cmd = base + ["--max-update", "100000", "--save-interval-updates", "3"]
     log = open(tmp_path / "log", "w")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+    # a real process (not the test fork server's child): SIGKILL must hit the training process itself
+    proc = subprocess.Popen(cmd, cwd=REPO, env=dict(_env(), FAIRSEQ_EXT_FORKSERVER=""), stdout=log,
+                            stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 300
         while time.time() < deadline and not (save / "checkpoint_last.pt").exists():

@@ -6,7 +6,6 @@ a beam, while the same training with local normalisation stays at chance
 import json
 import os
 import random
-import sys
 
 from conftest import REPO, run_cli
 
@@ -63,7 +62,7 @@ def test_global_soft_beam_beats_local_on_future_labels(tmp_path):
     positions (measured: 100.0 vs 51.7 on 443 positions). Checked to fail: with the
     global run's --normalization set to local in the driver, 51.7 vs 51.7."""
     work = str(tmp_path)
-    run_cli([sys.executable, os.path.join(REPO, "examples", "soft_beam_label_bias.py"), work, "--seeds", "1",
+    run_cli(["python", os.path.join(REPO, "examples", "soft_beam_label_bias.py"), work, "--seeds", "1",
              "--encoders", "uni", "--only", "local", "global_ce", "--decodes", "beam", "--train", "1000",
              "--test", "200", "--pre-epochs", "4", "--ft-epochs", "6"], env={"OMP_NUM_THREADS": "1"})
     diff, glob, loc = gap(work)
