@@ -6,7 +6,8 @@ usage: demo_table.py [--refs TEST.txt --context-size K] [--json OUT] LABEL=SCORE
        demo_table.py --seeds WORK_DIR ...   (mean +- std over demo runs, from each WORK_DIR/table.json)
 
 Columns: nonterm and rep-4 (score.py, greedy, at most 40 tokens), len (mean
-continuation length in tokens, '.' included), LM cost (the validation
+continuation length in tokens, '.' included), edit (score.py: edit distance to the
+reference continuation over its length), LM cost (the validation
 ``task_loss`` of the MGS-LM criterion: negative log-probability of the greedy
 continuation under the MLE model) and ppl (test perplexity of the continuations).
 """
@@ -16,9 +17,12 @@ import re
 import sys
 
 # display names of the demo's rows (the JSON keeps the short ones)
-NAMES = {"mle": "MLE", "mle_continued": "MLE continued (control)", "mgs": "MGS-LM"}
+NAMES = {"mle": "MLE", "mle_continued": "MLE continued (control)", "mgs": "MGS-LM",
+         # examples/mgs_completion_tables.sh (Tables 1 and 7)
+         "mle_cont": "MLE continued (control)", "mgs_lm": "MGS-LM", "mgs_lm_zero": "MGS-LM, zero-mean only",
+         "mgs_lm_mle": "MGS-LM, MLE only", "mgs_edit": "MGS-edit"}
 COLUMNS = [("nonterm", "nonterm", "{:.3f}"), ("rep4", "rep-4", "{:.3f}"), ("len", "len", "{:.2f}"),
-           ("lm_cost", "LM cost", "{:.2f}"), ("ppl", "ppl", "{:.2f}")]
+           ("edit", "edit", "{:.3f}"), ("lm_cost", "LM cost", "{:.2f}"), ("ppl", "ppl", "{:.2f}")]
 
 
 def read_validate(path: str) -> dict:
@@ -38,7 +42,8 @@ def row(spec: str) -> tuple:
         sys.exit(f"demo_table.py: expected LABEL=SCORES.json,VALIDATE.log, got {spec!r}")
     with open(scores_path) as f:
         scores = json.load(f)
-    values = {"nonterm": scores["nonterm"], "rep4": scores["rep4"], "len": scores["avg_hyp_len"]}
+    values = {"nonterm": scores["nonterm"], "rep4": scores["rep4"], "len": scores["avg_hyp_len"],
+              "edit": scores["edit"]}
     values.update(read_validate(validate_path))
     return label, values
 

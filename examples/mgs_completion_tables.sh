@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# MGS paper (../shared/papers/000_13def17afa4b7063.txt) section 5.1, Tables 1 and 7 and
+# Figure 1, at CPU scale on the demo's text-completion task (fairseq_ext/toy_completion.py):
+# there an MLE model's greedy continuations fail to terminate in a regime like the
+# paper's GPT-2 (about 0.26 of the test prefixes against 0.39; WikiText-2 at CPU scale
+# gives 0.95, docs/mgs.md).
+#
+# Per seed (SEEDS): data and the MLE model of examples/demo.sh (600 updates, checkpoint
+# with the best validation loss); then, from it, BUDGET updates of each fine-tune
+#   mle_cont     continued MLE (the control)
+#   mgs_lm       MGS-LM, mixture proposal (Table 1)
+#   mgs_lm_zero  MGS-LM, zero-mean component only (Table 7)
+#   mgs_lm_mle   MGS-LM, MLE component only (Table 7)
+#   mgs_edit     MGS-edit (Table 1)
+# each saving a checkpoint every SAVE_EVERY updates and at the end. Selection, the same for every row:
+# each saved checkpoint's validation LM cost (the MGS-LM task loss under the frozen MLE
+# model, greedy: scripts/validate_criterion.py) is computed, and the checkpoint with the
+# lowest is evaluated on the test prefixes (examples/demo_table.py's columns). The
+# validation curves show whether BUDGET reached the point where the task loss stops
+# improving (the paper trains until it does). Figure 1: the training loss of the three
+# proposals (scripts/plot_log.py).
+#
+# Resumable: finished trainings, validations and evaluations are skipped on a rerun;
+# an interrupted training resumes from its checkpoint_last.pt.
+#
+# usage: examples/mgs_completion_tables.sh WORK_DIR
+# env: SEEDS ("1 2 3"), BUDGET (300), SAVE_EVERY (25), RUNS (the fine-tunes above), PYTHON
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. examples/lib.sh
+WORK=${1:?usage: examples/mgs_completion_tables.sh WORK_DIR}
+mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd)
+SEEDS=${SEEDS:-1 2 3}
+BUDGET=${BUDGET:-300}
+SAVE_EVERY=${SAVE_EVERY:-25}
+RUNS=${RUNS:-mle_cont mgs_lm mgs_lm_zero mgs_lm_mle mgs_edit}
+PYTHON=${PYTHON:-python}
+MAX_LEN=40
+TASK=(--task text_completion --context-size 3)
+log() { echo "==> $(date +%H:%M:%S) $*"; }
+
+criterion() {  # the fine-tune's criterion options (MLE_CKPT: the scorer)
+  local mgs=(--criterion mgs --mgs-alpha 1 --mgs-candidates 4 --mgs-score-model "$MLE_CKPT")
+  case $1 in
+    mle_cont) echo --criterion cross_entropy ;;
+    mgs_lm) echo "${mgs[@]}" --mgs-task-loss lm ;;
+    mgs_lm_zero) echo "${mgs[@]}" --mgs-task-loss lm --mgs-proposal zero ;;
+    mgs_lm_mle) echo "${mgs[@]}" --mgs-task-loss lm --mgs-proposal mle ;;
+    mgs_edit) echo "${mgs[@]}" --mgs-task-loss edit ;;
+    *) echo "mgs_completion_tables.sh: unknown run '$1'" >&2; exit 1 ;;
+  esac
+}
+
+lm_cost() {  # CKPT SUBSET OUT.log: the validation LM cost (and ppl) of CKPT on SUBSET
+  [ -s "$3" ] && grep -q "valid on" "$3" && return 0
+  "$PYTHON" scripts/validate_criterion.py \
+    "{'_name': 'mgs', 'mgs_task_loss': 'lm', 'mgs_score_model': '$MLE_CKPT'}" "$W/bin" --user-dir fairseq_ext \
+    "${TASK[@]}" --path "$1" --valid-subset "$2" --max-tokens 4096 --required-batch-size-multiple 1 > "$3" 2>&1
+}
+
+for seed in $SEEDS; do
+  W=$WORK/s$seed
+  log "seed $seed: data and MLE model (examples/demo.sh, $W)"
+  EVAL=0 SEED=$seed PYTHON=$PYTHON bash examples/demo.sh "$W" > "$W.demo.log" 2>&1 \
+    || { echo "demo.sh failed: $W.demo.log" >&2; exit 1; }
+  MLE_CKPT=$W/ckpt_mle/checkpoint_best.pt
+  MODEL=(--arch transformer_lm --decoder-layers 2 --decoder-embed-dim 64 --decoder-ffn-embed-dim 128
+    --decoder-attention-heads 4 --share-decoder-input-output-embed --dropout 0.1 --seed "$seed" --num-workers 0
+    --no-epoch-checkpoints)
+  mkdir -p "$W/sel" "$W/eval"
+  rows=()
+  for run in $RUNS; do
+    save=$W/t_$run
+    if finished "$W/t_$run.log"; then
+      log "seed $seed $run: trained, skipped"
+    else
+      log "seed $seed $run: $BUDGET updates from the MLE model ($W/t_$run.log)"
+      # shellcheck disable=SC2046
+      fairseq-train "$W/bin" --user-dir fairseq_ext "${TASK[@]}" "${MODEL[@]}" --finetune-from-model "$MLE_CKPT" \
+        --optimizer adam --adam-betas '(0.9,0.98)' --lr 0.0003 --max-tokens 1024 --max-update "$BUDGET" \
+        --save-dir "$save" --disable-validation --save-interval-updates "$SAVE_EVERY" --keep-interval-updates -1 \
+        --log-format json --log-interval 5 $(criterion "$run") >> "$W/t_$run.log" 2>&1
+    fi
+    best="" best_cost=""
+    # every SAVE_EVERY updates (fairseq skips the interval checkpoint that falls on an epoch's end) and the last
+    for ckpt in "$save"/checkpoint_*_*.pt "$save/checkpoint_last.pt"; do
+      [ -e "$ckpt" ] || continue
+      u=${ckpt##*_}; u=${u%.pt}; [ "$u" != last ] || u=$BUDGET
+      lm_cost "$ckpt" valid "$W/sel/$run.$u.log"
+      cost=$(grep "valid on" "$W/sel/$run.$u.log" | tail -1 | sed -E 's/.*\| task_loss ([-0-9.e]+).*/\1/')
+      if [ -z "$best" ] || awk -v a="$cost" -v b="$best_cost" 'BEGIN { exit !(a < b) }'; then
+        best=$ckpt best_cost=$cost
+      fi
+    done
+    log "seed $seed $run: selected $(basename "$best") (validation LM cost $best_cost)"
+    echo "$best" > "$W/sel/$run.selected"
+    out=$W/eval/$run
+    if [ ! -s "$out.scores.json" ] || [ "$(cat "$out.ckpt" 2>/dev/null)" != "$best" ]; then
+      fairseq-generate "$W/bin" --user-dir fairseq_ext "${TASK[@]}" --path "$best" --gen-subset test --beam 1 \
+        --batch-size 100 --required-batch-size-multiple 1 --max-len-b $((MAX_LEN + 3)) > "$out.gen" 2> "$out.gen.log"
+      "$PYTHON" scripts/score.py "$out.gen" --max-len "$MAX_LEN" --json "$out.scores.json" > "$out.score.log" 2>&1
+      rm -f "$out.test.log"
+      lm_cost "$best" test "$out.test.log"
+      echo "$best" > "$out.ckpt"
+    fi
+    rows+=("$run=$out.scores.json,$out.test.log")
+  done
+  # the MLE model itself (row 1 of Table 1)
+  out=$W/eval/mle
+  if [ ! -s "$out.scores.json" ]; then
+    fairseq-generate "$W/bin" --user-dir fairseq_ext "${TASK[@]}" --path "$MLE_CKPT" --gen-subset test --beam 1 \
+      --batch-size 100 --required-batch-size-multiple 1 --max-len-b $((MAX_LEN + 3)) > "$out.gen" 2> "$out.gen.log"
+    "$PYTHON" scripts/score.py "$out.gen" --max-len "$MAX_LEN" --json "$out.scores.json" > "$out.score.log" 2>&1
+    lm_cost "$MLE_CKPT" test "$out.test.log"
+  fi
+  mkdir -p "$W/table"
+  "$PYTHON" examples/demo_table.py --refs "$W/raw/test.txt" --context-size 3 --json "$W/table/table.json" \
+    "mle=$out.scores.json,$out.test.log" "${rows[@]}" | tee "$W/table/table.txt"
+done
+
+log "mean ± std over seeds"
+dirs=()
+for seed in $SEEDS; do dirs+=("$WORK/s$seed/table"); done
+"$PYTHON" examples/demo_table.py --seeds "${dirs[@]}" | tee "$WORK/table.txt"
+first=$WORK/s${SEEDS%% *}
+mgs_logs=() labels=()
+for run in mgs_lm mgs_lm_zero mgs_lm_mle; do
+  [ -s "$first/t_$run.log" ] && mgs_logs+=("$first/t_$run.log") && labels+=("$run")
+done
+if [ ${#mgs_logs[@]} -gt 0 ]; then
+  labels_csv=$(IFS=,; echo "${labels[*]}")
+  "$PYTHON" scripts/plot_log.py "${mgs_logs[@]}" --labels "$labels_csv" --metric loss mgs_cand_best \
+    --out "$WORK/figure1.png" --json "$WORK/figure1.json" && log "Figure 1: $WORK/figure1.png"
+fi
