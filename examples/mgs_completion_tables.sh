@@ -12,10 +12,12 @@
 #   mgs_lm_zero  MGS-LM, zero-mean component only (Table 7)
 #   mgs_lm_mle   MGS-LM, MLE component only (Table 7)
 #   mgs_edit     MGS-edit (Table 1)
-# each saving a checkpoint every SAVE_EVERY updates and at the end. Selection, the same for every row:
-# each saved checkpoint's validation LM cost (the MGS-LM task loss under the frozen MLE
-# model, greedy: scripts/validate_criterion.py) is computed, and the checkpoint with the
-# lowest is evaluated on the test prefixes (examples/demo_table.py's columns). The
+# each saving a checkpoint every SAVE_EVERY updates and at the end. Selection as the
+# paper's (appendix A.4: the lowest validation task loss): each saved checkpoint's
+# validation cost under the run's own task loss (greedy; scripts/validate_criterion.py)
+# is computed, LM cost (the MGS-LM task loss under the frozen MLE model) for mle_cont and
+# the MGS-LM runs, edit for mgs_edit, and the checkpoint with the lowest is evaluated on
+# the test prefixes (examples/demo_table.py's columns). The
 # validation curves show whether BUDGET reached the point where the task loss stops
 # improving (the paper trains until it does). Figure 1: the training loss of the three
 # proposals (scripts/plot_log.py).
@@ -52,12 +54,13 @@ criterion() {  # the fine-tune's criterion options (MLE_CKPT: the scorer)
   esac
 }
 
-lm_cost() {  # CKPT SUBSET OUT.log: the validation LM cost (and ppl) of CKPT on SUBSET
-  [ -s "$3" ] && grep -q "valid on" "$3" && return 0
+task_cost() {  # CKPT SUBSET LOSS OUT.log: CKPT's task loss LOSS (lm or edit; and ppl) on SUBSET, greedy
+  [ -s "$4" ] && grep -q "valid on" "$4" && return 0
   "$PYTHON" scripts/validate_criterion.py \
-    "{'_name': 'mgs', 'mgs_task_loss': 'lm', 'mgs_score_model': '$MLE_CKPT'}" "$W/bin" --user-dir fairseq_ext \
-    "${TASK[@]}" --path "$1" --valid-subset "$2" --max-tokens 4096 --required-batch-size-multiple 1 > "$3" 2>&1
+    "{'_name': 'mgs', 'mgs_task_loss': '$3', 'mgs_score_model': '$MLE_CKPT'}" "$W/bin" --user-dir fairseq_ext \
+    "${TASK[@]}" --path "$1" --valid-subset "$2" --max-tokens 4096 --required-batch-size-multiple 1 > "$4" 2>&1
 }
+lm_cost() { task_cost "$1" "$2" lm "$3"; }  # CKPT SUBSET OUT.log
 
 for seed in $SEEDS; do
   W=$WORK/s$seed
@@ -82,18 +85,19 @@ for seed in $SEEDS; do
         --save-dir "$save" --disable-validation --save-interval-updates "$SAVE_EVERY" --keep-interval-updates -1 \
         --log-format json --log-interval 5 $(criterion "$run") >> "$W/t_$run.log" 2>&1
     fi
-    best="" best_cost=""
+    best="" best_cost="" loss=lm
+    [ "$run" != mgs_edit ] || loss=edit
     # every SAVE_EVERY updates (fairseq skips the interval checkpoint that falls on an epoch's end) and the last
     for ckpt in "$save"/checkpoint_*_*.pt "$save/checkpoint_last.pt"; do
       [ -e "$ckpt" ] || continue
       u=${ckpt##*_}; u=${u%.pt}; [ "$u" != last ] || u=$BUDGET
-      lm_cost "$ckpt" valid "$W/sel/$run.$u.log"
-      cost=$(grep "valid on" "$W/sel/$run.$u.log" | tail -1 | sed -E 's/.*\| task_loss ([-0-9.e]+).*/\1/')
+      task_cost "$ckpt" valid $loss "$W/sel/$run.$loss.$u.log"
+      cost=$(grep "valid on" "$W/sel/$run.$loss.$u.log" | tail -1 | sed -E 's/.*\| task_loss ([-0-9.e]+).*/\1/')
       if [ -z "$best" ] || awk -v a="$cost" -v b="$best_cost" 'BEGIN { exit !(a < b) }'; then
         best=$ckpt best_cost=$cost
       fi
     done
-    log "seed $seed $run: selected $(basename "$best") (validation LM cost $best_cost)"
+    log "seed $seed $run: selected $(basename "$best") (validation $loss cost $best_cost)"
     echo "$best" > "$W/sel/$run.selected"
     out=$W/eval/$run
     if [ ! -s "$out.scores.json" ] || [ "$(cat "$out.ckpt" 2>/dev/null)" != "$best" ]; then
