@@ -12,21 +12,25 @@
 #   mgs_lm_zero  MGS-LM, zero-mean component only (Table 7)
 #   mgs_lm_mle   MGS-LM, MLE component only (Table 7)
 #   mgs_edit     MGS-edit (Table 1)
-# each saving a checkpoint every SAVE_EVERY updates and at the end. Selection as the
+# each saving a checkpoint every SAVE_EVERY updates and at the end, trained for BUDGET
+# updates and then on, as the paper stops (appendix A.4: validation every 100 batches,
+# training ends when the lowest validation task loss has not changed for 10
+# evaluations), until the lowest validation cost is PATIENCE evaluations old (or
+# MAX_BUDGET updates). Selection as the
 # paper's (appendix A.4: the lowest validation task loss): each saved checkpoint's
 # validation cost under the run's own task loss (greedy; scripts/validate_criterion.py)
 # is computed, LM cost (the MGS-LM task loss under the frozen MLE model) for mle_cont and
 # the MGS-LM runs, edit for mgs_edit, and the checkpoint with the lowest is evaluated on
 # the test prefixes (examples/demo_table.py's columns). The
-# validation curves show whether BUDGET reached the point where the task loss stops
-# improving (the paper trains until it does). Figure 1: the training loss of the three
+# Figure 1: the training loss of the three
 # proposals (scripts/plot_log.py).
 #
 # Resumable: finished trainings, validations and evaluations are skipped on a rerun;
 # an interrupted training resumes from its checkpoint_last.pt.
 #
 # usage: examples/mgs_completion_tables.sh WORK_DIR
-# env: SEEDS ("1 2 3"), BUDGET (300), SAVE_EVERY (25), RUNS (the fine-tunes above), PYTHON
+# env: SEEDS ("1 2 3"), BUDGET (300), SAVE_EVERY (25), PATIENCE (10), MAX_BUDGET (1000), RUNS (the
+#      fine-tunes above), PYTHON
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . examples/lib.sh
@@ -35,12 +39,19 @@ mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
 SEEDS=${SEEDS:-1 2 3}
 BUDGET=${BUDGET:-300}
+PATIENCE=${PATIENCE:-10}
+MAX_BUDGET=${MAX_BUDGET:-1000}
 SAVE_EVERY=${SAVE_EVERY:-25}
 RUNS=${RUNS:-mle_cont mgs_lm mgs_lm_zero mgs_lm_mle mgs_edit}
 PYTHON=${PYTHON:-python}
 MAX_LEN=40
 TASK=(--task text_completion --context-size 3)
 log() { echo "==> $(date +%H:%M:%S) $*"; }
+updates_done() {  # LOG: the updates a fairseq-train JSON log has reached (0: none)
+  local n
+  n=$(grep -o '"\(train_\)\{0,1\}num_updates": "[0-9]*"' "$1" 2>/dev/null | tail -1 | tr -dc '0-9' || true)
+  echo "${n:-0}"
+}
 
 criterion() {  # the fine-tune's criterion options (MLE_CKPT: the scorer)
   local mgs=(--criterion mgs --mgs-alpha 1 --mgs-candidates 4 --mgs-score-model "$MLE_CKPT")
@@ -75,38 +86,47 @@ for seed in $SEEDS; do
   rows=()
   for run in $RUNS; do
     save=$W/t_$run
-    if finished "$W/t_$run.log"; then
-      log "seed $seed $run: trained, skipped"
-    else
-      log "seed $seed $run: $BUDGET updates from the MLE model ($W/t_$run.log)"
-      # shellcheck disable=SC2046
-      fairseq-train "$W/bin" --user-dir fairseq_ext "${TASK[@]}" "${MODEL[@]}" --finetune-from-model "$MLE_CKPT" \
-        --optimizer adam --adam-betas '(0.9,0.98)' --lr 0.0003 --max-tokens 1024 --max-update "$BUDGET" \
-        --save-dir "$save" --disable-validation --save-interval-updates "$SAVE_EVERY" --keep-interval-updates -1 \
-        --log-format json --log-interval 5 $(criterion "$run") >> "$W/t_$run.log" 2>&1
-    fi
-    best="" best_cost="" loss=lm
+    best="" best_cost="" best_u=0 loss=lm budget=$BUDGET
     [ "$run" != mgs_edit ] || loss=edit
-    # every SAVE_EVERY updates (fairseq skips the interval checkpoint that falls on an epoch's end) and the last
-    for ckpt in "$save"/checkpoint_*_*.pt "$save/checkpoint_last.pt"; do
-      [ -e "$ckpt" ] || continue
-      u=${ckpt##*_}; u=${u%.pt}; [ "$u" != last ] || u=$BUDGET
-      task_cost "$ckpt" valid $loss "$W/sel/$run.$loss.$u.log"
-      cost=$(grep "valid on" "$W/sel/$run.$loss.$u.log" | tail -1 | sed -E 's/.*\| task_loss ([-0-9.e]+).*/\1/')
-      if [ -z "$best" ] || awk -v a="$cost" -v b="$best_cost" 'BEGIN { exit !(a < b) }'; then
-        best=$ckpt best_cost=$cost
+    while :; do
+      trained=$(updates_done "$W/t_$run.log")
+      if [ "$trained" -lt "$budget" ]; then
+        log "seed $seed $run: updates $trained -> $budget ($W/t_$run.log)"
+        # shellcheck disable=SC2046
+        fairseq-train "$W/bin" --user-dir fairseq_ext "${TASK[@]}" "${MODEL[@]}" --finetune-from-model "$MLE_CKPT" \
+          --optimizer adam --adam-betas '(0.9,0.98)' --lr 0.0003 --max-tokens 1024 --max-update "$budget" \
+          --save-dir "$save" --disable-validation --save-interval-updates "$SAVE_EVERY" --keep-interval-updates -1 \
+          --log-format json --log-interval 5 $(criterion "$run") >> "$W/t_$run.log" 2>&1
+        trained=$(updates_done "$W/t_$run.log")
+        [ "$trained" -ge "$budget" ] || { echo "$run stopped at update $trained of $budget: $W/t_$run.log" >&2; exit 1; }
       fi
+      # every SAVE_EVERY updates (fairseq skips the interval checkpoint that falls on an epoch's end) and the last
+      best="" best_cost=""
+      for ckpt in "$save"/checkpoint_*_*.pt "$save/checkpoint_last.pt"; do
+        [ -e "$ckpt" ] || continue
+        u=${ckpt##*_}; u=${u%.pt}; [ "$u" != last ] || u=$trained
+        task_cost "$ckpt" valid $loss "$W/sel/$run.$loss.$u.log"
+        cost=$(grep "valid on" "$W/sel/$run.$loss.$u.log" | tail -1 | sed -E 's/.*\| task_loss ([-0-9.e]+).*/\1/')
+        if [ -z "$best" ] || awk -v a="$cost" -v b="$best_cost" 'BEGIN { exit !(a < b) }' \
+           || { [ "$cost" = "$best_cost" ] && [ "$u" -lt "$best_u" ]; }; then
+          best=$ckpt best_cost=$cost best_u=$u
+        fi
+      done
+      # the paper's stopping rule: the lowest validation cost unchanged for PATIENCE evaluations
+      [ $((best_u + PATIENCE * SAVE_EVERY)) -gt "$trained" ] && [ "$trained" -lt "$MAX_BUDGET" ] || break
+      budget=$((best_u + PATIENCE * SAVE_EVERY))
+      [ "$budget" -le "$MAX_BUDGET" ] || budget=$MAX_BUDGET
     done
-    log "seed $seed $run: selected $(basename "$best") (validation $loss cost $best_cost)"
+    log "seed $seed $run: trained $trained updates; selected $(basename "$best"), update $best_u (validation $loss cost $best_cost)"
     echo "$best" > "$W/sel/$run.selected"
     out=$W/eval/$run
-    if [ ! -s "$out.scores.json" ] || [ "$(cat "$out.ckpt" 2>/dev/null)" != "$best" ]; then
+    if [ ! -s "$out.scores.json" ] || [ "$(cat "$out.ckpt" 2>/dev/null)" != "$best $best_u" ]; then
       fairseq-generate "$W/bin" --user-dir fairseq_ext "${TASK[@]}" --path "$best" --gen-subset test --beam 1 \
         --batch-size 100 --required-batch-size-multiple 1 --max-len-b $((MAX_LEN + 3)) > "$out.gen" 2> "$out.gen.log"
       "$PYTHON" scripts/score.py "$out.gen" --max-len "$MAX_LEN" --json "$out.scores.json" > "$out.score.log" 2>&1
       rm -f "$out.test.log"
       lm_cost "$best" test "$out.test.log"
-      echo "$best" > "$out.ckpt"
+      echo "$best $best_u" > "$out.ckpt"
     fi
     rows+=("$run=$out.scores.json,$out.test.log")
   done
