@@ -4,6 +4,7 @@ import atexit
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -93,6 +94,8 @@ def _start_fork_server():
     def stop():
         server.kill()
         server.wait()
+        log.close()
+        shutil.rmtree(root, ignore_errors=True)
 
     atexit.register(stop)
     os.environ["FAIRSEQ_EXT_FORKSERVER"] = address

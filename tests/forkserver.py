@@ -46,14 +46,15 @@ CONSOLE = {
 SHIMS = list(CONSOLE) + ["python"]
 # read by the interpreter or by torch / OpenMP when they are imported (in the server, once):
 # a command whose value differs runs as a real process
-IMPORT_TIME = ("OMP_", "MKL_", "KMP_", "GOMP_", "CUDA_", "TORCH_", "NCCL_", "LD_", "PYTHONHASHSEED",
-               "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONOPTIMIZE", "PYTHONDONTWRITEBYTECODE", "LOGLEVEL",
+# (PYTHON*: the interpreter's start-up: hash seed, buffering, warnings, ...; PYTHONPATH is applied per
+# command instead; PYTHON is the recipes' own variable)
+IMPORT_TIME = ("OMP_", "MKL_", "KMP_", "GOMP_", "CUDA_", "TORCH_", "NCCL_", "LD_", "PYTHON", "LOGLEVEL",
                "MPLBACKEND")
 MAX_MSG = 1 << 20
 
 
 def _import_time_env(env):
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME)}
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in ("PYTHONPATH", "PYTHON")}
 
 
 # ---------------------------------------------------------------------------- the shim (client)
@@ -292,7 +293,9 @@ def _accept(listener, running, base_env, base_path, set_by_imports):
         return
     differs = sorted(set(_import_time_env(req["env"]).items()) ^ set(base_env.items()))
     if len(fds) != 3 or differs:
-        conn.send(json.dumps({"fallback": f"environment differs: {differs[:3]}"}).encode())
+        reason = f"environment differs: {differs[:4]}" if differs else "no stdin/stdout/stderr"
+        print(f"real process for {req['request'][:2]}: {reason}", flush=True)
+        conn.send(json.dumps({"fallback": reason}).encode())
         for fd in fds:
             os.close(fd)
         conn.close()
