@@ -147,6 +147,17 @@ log "mean ± std over seeds"
 dirs=()
 for seed in $SEEDS; do dirs+=("$WORK/s$seed/table"); done
 "$PYTHON" examples/demo_table.py --seeds "${dirs[@]}" | tee "$WORK/table.txt"
+# paired bootstrap of each fine-tune against the control, per seed and pooled (scripts/compare_runs.py)
+if [[ " $RUNS " == *" mle_cont "* ]]; then
+  specs=()
+  for run in $RUNS; do
+    files=()
+    for seed in $SEEDS; do files+=("$WORK/s$seed/eval/$run.gen"); done
+    specs+=("$run=$(IFS=,; echo "${files[*]}")")
+  done
+  "$PYTHON" scripts/compare_runs.py --control mle_cont --max-len "$MAX_LEN" --metrics nonterm,rep4,edit,avg_hyp_len \
+    "${specs[@]}" --json "$WORK/compare.json" 2> "$WORK/compare.log" | tee "$WORK/compare.md"
+fi
 first=$WORK/s${SEEDS%% *}
 mgs_logs=() labels=()
 for run in mgs_lm mgs_lm_zero mgs_lm_mle; do

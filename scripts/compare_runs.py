@@ -9,7 +9,8 @@ Each ``LABEL=FILE[,FILE...]`` gives one fairseq-generate output (or, with
 ``--text``, a file of detokenized hypotheses, one a line, then ``--ref`` is
 required) per seed; the i-th file of a system is paired with the i-th file of the
 control (same seed, same test set). Metrics are scripts/score.py's: corpus BLEU
-(sacrebleu), mean sentence BLEU, edit cost, rep-4 and hypothesis length.
+(sacrebleu), mean sentence BLEU, edit cost, rep-4 and hypothesis length; with
+``--max-len`` (text completion) also non-termination.
 
 Significance: for BLEU, sacrebleu's paired bootstrap resampling (``--paired-bs``:
 Koehn 2004 as sacrebleu implements it, two-sided, ``--bootstrap`` resamples, p =
@@ -45,7 +46,7 @@ SENTENCE_METRICS = {  # name -> per-sentence values of (hyps, refs)
     "avg_hyp_len": lambda h, r: np.array([len(x.split()) for x in h], dtype=float),
 }
 METRICS = ["bleu"] + list(SENTENCE_METRICS)
-LOWER_IS_BETTER = {"edit", "rep4"}
+LOWER_IS_BETTER = {"edit", "rep4", "nonterm"}
 
 
 def read_system(path: str, text: bool, refs: Optional[List[str]]) -> tuple[List[str], List[str]]:
@@ -93,21 +94,29 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return m, s
 
 
-def sentence_values(hyps: List[str], refs: List[str]) -> Dict[str, np.ndarray]:
-    """The per-sentence values of every sentence-level metric of one run."""
-    return {k: np.asarray(f(hyps, refs), dtype=float) for k, f in SENTENCE_METRICS.items()}
+def sentence_values(hyps: List[str], refs: List[str], max_len: Optional[int] = None) -> Dict[str, np.ndarray]:
+    """The per-sentence values of every sentence-level metric of one run; with
+    ``max_len``, also ``nonterm``: 1 where the hypothesis reached ``max_len`` tokens
+    without ending (scripts/score.py's --max-len)."""
+    out = {k: np.asarray(f(hyps, refs), dtype=float) for k, f in SENTENCE_METRICS.items()}
+    if max_len is not None:
+        out["nonterm"] = np.array([float(len(h.split()) >= max_len) for h in hyps])
+    return out
 
 
-def compare(systems: Dict[str, List[tuple[List[str], List[str]]]], control: str, n_samples: int) -> dict:
+def compare(systems: Dict[str, List[tuple[List[str], List[str]]]], control: str, n_samples: int,
+            max_len: Optional[int] = None) -> dict:
     """Per system: per-seed metrics, mean and std, and, against ``control``, the
     difference of the means and the paired p-values (per seed pair and pooled)."""
     ctrl = systems[control]
-    values = {label: [sentence_values(h, r) for h, r in runs] for label, runs in systems.items()}
+    values = {label: [sentence_values(h, r, max_len) for h, r in runs] for label, runs in systems.items()}
+    sentence_metrics = list(values[control][0])
+    metrics = ["bleu"] + sentence_metrics
     out = {}
     for label, runs in systems.items():
         per_seed = [{"bleu": sacrebleu.corpus_bleu(h, [r]).score, **{k: float(v.mean()) for k, v in vals.items()}}
                     for (h, r), vals in zip(runs, values[label])]
-        stats = {k: mean_std([row[k] for row in per_seed]) for k in METRICS}
+        stats = {k: mean_std([row[k] for row in per_seed]) for k in metrics}
         out[label] = {"seeds": len(runs), "per_seed": per_seed, "mean": {k: v[0] for k, v in stats.items()},
                       "std": {k: v[1] for k, v in stats.items()}}
     for label, runs in systems.items():
@@ -122,12 +131,12 @@ def compare(systems: Dict[str, List[tuple[List[str], List[str]]]], control: str,
         pooled_h, pooled_b = [x for h, _ in runs for x in h], [x for b, _ in ctrl for x in b]
         pooled_r = [x for _, r in runs for x in r]
         pooled = {"bleu": paired_bootstrap_bleu(pooled_h, pooled_b, pooled_r, n_samples)}
-        for k in SENTENCE_METRICS:
+        for k in sentence_metrics:
             sys_vals, base_vals = [v[k] for v in values[label]], [v[k] for v in values[control]]
             p[k] = [paired_bootstrap_mean(sv, bv, n_samples, 12345) for sv, bv in zip(sys_vals, base_vals)]
             pooled[k] = paired_bootstrap_mean(np.concatenate(sys_vals), np.concatenate(base_vals), n_samples, 12345)
         out[label].update(p_value=p, p_value_pooled=pooled,
-                          diff={k: out[label]["mean"][k] - out[control]["mean"][k] for k in METRICS})
+                          diff={k: out[label]["mean"][k] - out[control]["mean"][k] for k in metrics})
     return out
 
 
@@ -139,7 +148,7 @@ def markdown(result: dict, control: str, metrics: Sequence[str]) -> str:
     for label, e in result.items():
         cells = [label + (" (control)" if label == control else ""), str(e["seeds"])]
         for m in metrics:
-            d = 3 if m in LOWER_IS_BETTER else 2  # edit and rep-4 are fractions
+            d = 3 if m in LOWER_IS_BETTER else 2  # edit, rep-4 and nonterm are fractions
             cell = f"{e['mean'][m]:.{d}f} +- {e['std'][m]:.{d}f}"
             if label != control:
                 seeds = ", ".join(f"{p:.3f}" for p in e["p_value"][m])
@@ -159,12 +168,17 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (sacrebleu's default 1000)")
     parser.add_argument("--text", action="store_true", help="files hold plain hypotheses (needs --ref)")
     parser.add_argument("--ref", default=None, help="references, one a line (with --text)")
+    parser.add_argument("--max-len", type=int, default=None,
+                        help="text completion: the decoding limit; adds the metric nonterm (hypotheses of this "
+                             "many tokens did not end)")
     parser.add_argument("--json", default=None, help="write the full result here")
     args = parser.parse_args(argv)
     metrics = args.metrics.split(",")
-    bad = [m for m in metrics if m not in METRICS]
+    known = METRICS + (["nonterm"] if args.max_len is not None else [])
+    bad = [m for m in metrics if m not in known]
     if bad:
-        parser.error(f"--metrics: unknown {bad}; choose from {METRICS}")
+        parser.error(f"--metrics: unknown {bad}; choose from {known}" + ("" if args.max_len else
+                     " (nonterm needs --max-len)"))
     if args.text and not args.ref:
         parser.error("--text needs --ref")
     refs = score_script.read_lines(args.ref) if args.ref else None
@@ -176,7 +190,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         systems[label] = [read_system(f, args.text, refs) for f in files.split(",")]
     if args.control not in systems:
         parser.error(f"--control {args.control!r} is not one of {list(systems)}")
-    result = compare(systems, args.control, args.bootstrap)
+    result = compare(systems, args.control, args.bootstrap, args.max_len)
     print(markdown(result, args.control, metrics))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

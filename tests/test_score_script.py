@@ -211,3 +211,14 @@ def test_compare_runs_means_and_paired_tests(tmp_path):
     with pytest.raises(AssertionError, match="paired by position"):
         run_cli(["python", "scripts/compare_runs.py", "--control", "ctrl", f"ctrl={','.join(files['ctrl'])}",
                  f"one={files['perfect'][0]}"])
+    # text completion's non-termination (--max-len 8): a continuation of 8 tokens did not end; "long" has
+    # 8 tokens in every other sentence of seed 1 and in none of seed 2
+    long_hyps = [r + " a a" if i % 2 == 0 else r for i, r in enumerate(refs)]
+    (tmp_path / "long1.out").write_text(_generate_output(long_hyps, refs))
+    run_cli(["python", "scripts/compare_runs.py", "--control", "perfect", f"perfect={','.join(files['perfect'])}",
+             f"long={tmp_path / 'long1.out'},{files['perfect'][1]}", "--max-len", "8", "--metrics", "nonterm",
+             "--json", str(out), "--bootstrap", "200"])
+    res = json.loads(out.read_text())
+    assert res["long"]["per_seed"][0]["nonterm"] == 0.5 and res["long"]["per_seed"][1]["nonterm"] == 0.0
+    assert res["perfect"]["mean"]["nonterm"] == 0.0 and res["long"]["diff"]["nonterm"] == pytest.approx(0.25)
+    assert res["long"]["p_value"]["nonterm"][0] < 0.01 and res["long"]["p_value"]["nonterm"][1] == 1.0
