@@ -98,7 +98,8 @@ for seed in $SEEDS; do
           --save-dir "$save" --disable-validation --save-interval-updates "$SAVE_EVERY" --keep-interval-updates -1 \
           --log-format json --log-interval 5 $(criterion "$run") >> "$W/t_$run.log" 2>&1
         trained=$(updates_done "$W/t_$run.log")
-        [ "$trained" -ge "$budget" ] || { echo "$run stopped at update $trained of $budget: $W/t_$run.log" >&2; exit 1; }
+        [ "$trained" -ge "$budget" ] \
+          || { echo "$run stopped at update $trained of $budget: $W/t_$run.log" >&2; exit 1; }
       fi
       # every SAVE_EVERY updates (fairseq skips the interval checkpoint that falls on an epoch's end) and the last
       best="" best_cost=""
@@ -117,7 +118,8 @@ for seed in $SEEDS; do
       budget=$((best_u + PATIENCE * SAVE_EVERY))
       [ "$budget" -le "$MAX_BUDGET" ] || budget=$MAX_BUDGET
     done
-    log "seed $seed $run: trained $trained updates; selected $(basename "$best"), update $best_u (validation $loss cost $best_cost)"
+    log "seed $seed $run: trained $trained updates; selected $(basename "$best"), update $best_u" \
+      "(validation $loss cost $best_cost)"
     echo "$best" > "$W/sel/$run.selected"
     out=$W/eval/$run
     if [ ! -s "$out.scores.json" ] || [ "$(cat "$out.ckpt" 2>/dev/null)" != "$best $best_u" ]; then

@@ -82,7 +82,7 @@ def _start_fork_server():
     env = dict(os.environ)
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
     log = open(os.path.join(root, "server.log"), "w")
-    server = subprocess.Popen([sys.executable, forkserver.__file__, address], env=env, stdout=log,
+    server = subprocess.Popen([sys.executable, forkserver.__file__, address, str(os.getpid())], env=env, stdout=log,
                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not os.path.exists(address):

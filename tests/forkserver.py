@@ -237,7 +237,10 @@ def _run_child(request, cwd, env, fds, base_path):
         os._exit(code & 0xFF)
 
 
-def serve(address):
+def serve(address, parent=None):
+    """Serve on the Unix socket ``address`` until the process ``parent`` (default: the
+    parent at start) is no longer this process's parent."""
+    parent = os.getppid() if parent is None else parent
     base_env = _import_time_env(os.environ)
     before = dict(os.environ)
     _preload()
@@ -250,7 +253,7 @@ def serve(address):
     listener.listen(64)
     running = {}  # pid -> the shim's connection
     print(f"fork server {os.getpid()} ready on {address}", flush=True)
-    while True:
+    while os.getppid() == parent:  # the test worker that started it is gone: so is the server
         readable, _, _ = select.select([listener] + list(running.values()), [], [], 0.02)
         for conn in readable:
             if conn is listener:
@@ -316,4 +319,4 @@ def _accept(listener, running, base_env, base_path, set_by_imports):
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)
