@@ -501,3 +501,22 @@ def test_epoch_schedule_follows_the_formula_across_a_resume(conll, cache, tmp_pa
     assert [float(log["train_dss_eps"]) for log in logs] == pytest.approx(
         [1.0, 0.666667, 0.548137, 0.423883, 0.308562], abs=1e-4)
     assert [float(log["train_dss_alpha"]) for log in logs] == pytest.approx([1.0, 1.0, 3.0, 9.0, 27.0])
+
+
+def test_passes_gap_script_is_exact_at_the_limit_and_not_below(toy_bin, tmp_path):
+    """scripts/dss_passes_gap.py (docs/dss.md, "When --dss-passes P is safe") on a
+    briefly trained transformer: with P at least the target length the P-pass
+    loss and gradient are the exact pass's (gap 0, cosine 1); at eps 0 two passes
+    differ from it (a gap the script must see)."""
+    save = tmp_path / "ck"
+    run_cli(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", *toy.TINY_ARCHS["transformer"],
+             "--optimizer", "adam", "--lr", "0.01", "--max-tokens", "500", "--max-update", "20", "--num-workers", "0",
+             "--seed", "1", "--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(save)])
+    out = tmp_path / "gap.json"
+    run_cli(["python", "scripts/dss_passes_gap.py", str(save / "checkpoint_last.pt"), toy_bin, "--sentences", "8",
+             "--eps", "0", "--passes", "2,64", "--json", str(out)])
+    rows = {(r["mode"], r["passes"]): r for r in json.loads(out.read_text())}
+    for mode in ("soft-argmax", "hard-argmax"):
+        assert abs(rows[mode, 64]["loss_gap"]) < 1e-5 and rows[mode, 64]["grad_cosine"] > 1 - 1e-5
+        assert rows[mode, 64]["argmax_differs"] == 0.0
+    assert max(abs(rows[m, 2]["loss_gap"]) for m in ("soft-argmax", "hard-argmax")) > 1e-3, rows
