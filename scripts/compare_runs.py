@@ -49,20 +49,21 @@ METRICS = ["bleu"] + list(SENTENCE_METRICS)
 LOWER_IS_BETTER = {"edit", "rep4", "nonterm"}
 
 
-def read_system(path: str, text: bool, refs: Optional[List[str]]) -> tuple[List[str], List[str]]:
-    """(hypotheses, references) of one run: a fairseq-generate output, or with ``text``
-    one hypothesis a line against ``refs``."""
+def read_system(path: str, text: bool, refs: Optional[List[str]]) -> tuple[List[str], List[str], List[str]]:
+    """(hypotheses, references, raw hypotheses) of one run: a fairseq-generate output
+    (raw: the H- texts, in the decoder's tokens), or with ``text`` one hypothesis a
+    line against ``refs`` (raw: the hypotheses)."""
     if text:
         hyps = score_script.read_lines(path)
         if refs is None or len(hyps) != len(refs):
             raise SystemExit(f"compare_runs: {path}: {len(hyps)} lines, --ref has {len(refs or [])}")
-        return hyps, refs
+        return hyps, refs, hyps
     try:
         with open(path, encoding="utf-8") as f:
-            hyps, gen_refs, _, _ = score_script.read_generate_output(f, path)
+            hyps, gen_refs, raw, _ = score_script.read_generate_output(f, path)
     except FileNotFoundError:
         raise SystemExit(f"compare_runs: {path}: no such file") from None
-    return hyps, gen_refs
+    return hyps, gen_refs, raw
 
 
 def paired_bootstrap_mean(sys_values: np.ndarray, base_values: np.ndarray, n_samples: int, seed: int) -> float:
@@ -94,28 +95,28 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return m, s
 
 
-def sentence_values(hyps: List[str], refs: List[str], max_len: Optional[int] = None) -> Dict[str, np.ndarray]:
+def sentence_values(hyps: List[str], refs: List[str], raw: List[str],
+                    max_len: Optional[int] = None) -> Dict[str, np.ndarray]:
     """The per-sentence values of every sentence-level metric of one run; with
-    ``max_len``, also ``nonterm``: 1 where the hypothesis reached ``max_len`` tokens
-    without ending (scripts/score.py's --max-len)."""
+    ``max_len``, also ``nonterm`` (scripts/score.py's, on the raw hypotheses)."""
     out = {k: np.asarray(f(hyps, refs), dtype=float) for k, f in SENTENCE_METRICS.items()}
     if max_len is not None:
-        out["nonterm"] = np.array([float(len(h.split()) >= max_len) for h in hyps])
+        out["nonterm"] = score_script.nonterm_costs(raw, max_len).double().numpy()
     return out
 
 
-def compare(systems: Dict[str, List[tuple[List[str], List[str]]]], control: str, n_samples: int,
+def compare(systems: Dict[str, List[tuple[List[str], List[str], List[str]]]], control: str, n_samples: int,
             max_len: Optional[int] = None) -> dict:
     """Per system: per-seed metrics, mean and std, and, against ``control``, the
     difference of the means and the paired p-values (per seed pair and pooled)."""
     ctrl = systems[control]
-    values = {label: [sentence_values(h, r, max_len) for h, r in runs] for label, runs in systems.items()}
+    values = {label: [sentence_values(h, r, raw, max_len) for h, r, raw in runs] for label, runs in systems.items()}
     sentence_metrics = list(values[control][0])
     metrics = ["bleu"] + sentence_metrics
     out = {}
     for label, runs in systems.items():
         per_seed = [{"bleu": sacrebleu.corpus_bleu(h, [r]).score, **{k: float(v.mean()) for k, v in vals.items()}}
-                    for (h, r), vals in zip(runs, values[label])]
+                    for (h, r, _), vals in zip(runs, values[label])]
         stats = {k: mean_std([row[k] for row in per_seed]) for k in metrics}
         out[label] = {"seeds": len(runs), "per_seed": per_seed, "mean": {k: v[0] for k, v in stats.items()},
                       "std": {k: v[1] for k, v in stats.items()}}
@@ -125,11 +126,11 @@ def compare(systems: Dict[str, List[tuple[List[str], List[str]]]], control: str,
         if len(runs) != len(ctrl):
             raise SystemExit(f"compare_runs: {label} has {len(runs)} runs, the control {control} {len(ctrl)}: "
                              f"runs are paired by position (seed)")
-        if any(r != br for (_, r), (_, br) in zip(runs, ctrl)):
+        if any(r != br for (_, r, _), (_, br, _) in zip(runs, ctrl)):
             raise SystemExit(f"compare_runs: {label} and {control} were not scored on the same references")
-        p = {"bleu": [paired_bootstrap_bleu(h, b, r, n_samples) for (h, r), (b, _) in zip(runs, ctrl)]}
-        pooled_h, pooled_b = [x for h, _ in runs for x in h], [x for b, _ in ctrl for x in b]
-        pooled_r = [x for _, r in runs for x in r]
+        p = {"bleu": [paired_bootstrap_bleu(h, b, r, n_samples) for (h, r, _), (b, _, _) in zip(runs, ctrl)]}
+        pooled_h, pooled_b = [x for h, _, _ in runs for x in h], [x for b, _, _ in ctrl for x in b]
+        pooled_r = [x for _, r, _ in runs for x in r]
         pooled = {"bleu": paired_bootstrap_bleu(pooled_h, pooled_b, pooled_r, n_samples)}
         for k in sentence_metrics:
             sys_vals, base_vals = [v[k] for v in values[label]], [v[k] for v in values[control]]

@@ -127,6 +127,14 @@ def mean_cost(name: str, hyps: list, refs: Optional[list] = None, **options) -> 
     return costs.double().mean().item()
 
 
+def nonterm_costs(raw_hyps: list[str], max_len: int):
+    """Per hypothesis (raw H- text, in the tokens the decoder counted), 1 where it
+    reached ``max_len`` tokens without ending, else 0 (the ``nonterm`` task loss)."""
+    # Restore the EOS fairseq stripped from every hypothesis that ended before the limit.
+    with_eos = [t if len(t) >= max_len else t + [_EOS] for t in map(str.split, raw_hyps)]
+    return task_losses.build_task_loss("nonterm", eos=_EOS)(with_eos, None)
+
+
 def parse_buckets(text: str) -> list[int]:
     """'20,30,40' -> [20, 30, 40] (strictly increasing positive integers)."""
     try:
@@ -157,11 +165,7 @@ def score(
     hyp_tokens = [h.split() for h in hyps]
     ref_tokens = [r.split() for r in refs]
     sbleu_cost = mean_cost("sbleu", hyps, refs)
-    nonterm = None
-    if max_len is not None:
-        # Restore the EOS fairseq stripped from every hypothesis that ended before the limit.
-        with_eos = [t if len(t) >= max_len else t + [_EOS] for t in map(str.split, raw_hyps)]
-        nonterm = mean_cost("nonterm", with_eos, eos=_EOS)
+    nonterm = None if max_len is None else nonterm_costs(raw_hyps, max_len).double().mean().item()
     bleu = sacrebleu.corpus_bleu(hyps, [refs])
     return {
         "bleu": bleu.score,
