@@ -18,6 +18,10 @@ cannot run a command as a fresh interpreter would (no server, an environment
 variable read at import time that differs, an interpreter flag), the shim execs
 the real program instead, so a command's behaviour never depends on the server.
 
+A child leaves with ``os._exit`` after the atexit functions: C++ static destructors
+do not run, so a test of how a real process exits (an abort at interpreter shutdown)
+must opt out (``FAIRSEQ_EXT_FORKSERVER=""`` in its environment).
+
 Not preloaded: the plugin itself (``--user-dir fairseq_ext`` imports it in each
 command, as in a fresh process) and the ``fairseq_cli`` modules (re-imported in
 each command, so their module-level logging set-up runs as it would).
@@ -70,7 +74,7 @@ def _exec_real(name, argv):
 def _request(name, argv):
     """argv as the server's child will run it: (kind, target, args, path0), or None."""
     if name in CONSOLE:
-        return ["console", CONSOLE[name], argv, os.path.dirname(_real_program(name))]
+        return ["console", name, argv, os.path.dirname(_real_program(name))]
     if not argv:
         return None
     if argv[0] == "-m" and len(argv) > 1:
@@ -196,8 +200,8 @@ def _run_child(request, cwd, env, fds, base_path):
     code = 0
     try:
         if kind == "console":
-            sys.argv = [os.path.join(path0, next(k for k, v in CONSOLE.items() if v == target))] + args
-            importlib.import_module(target).cli_main()
+            sys.argv = [os.path.join(path0, target)] + args
+            importlib.import_module(CONSOLE[target]).cli_main()
         elif kind == "module":
             sys.argv = [target] + args
             runpy.run_module(target, run_name="__main__", alter_sys=True)
