@@ -77,16 +77,8 @@ rows=()
 for name in ${MODELS:-mle mle_continued mgs}; do
   ckpt="$WORK/ckpt_$name/checkpoint_last.pt"
   [ "$name" != mle ] || ckpt=$MLE_CKPT
-  fairseq-generate "$WORK/bin" --user-dir fairseq_ext "${TASK[@]}" --path "$ckpt" --gen-subset test --beam 1 \
-    --batch-size 100 --required-batch-size-multiple 1 --max-len-b $((MAX_LEN + 3)) > "$WORK/gen_$name.out" 2> "$WORK/gen_$name.log"
-  "$PYTHON" scripts/score.py "$WORK/gen_$name.out" --max-len "$MAX_LEN" --json "$WORK/scores_$name.json" \
-    > "$WORK/score_$name.log" 2>&1
-  # LM cost (greedy, up to 1.3 x the longest reference) and perplexity on the test set. (Without
-  # --required-batch-size-multiple 1 both drop the N_TEST mod 8 longest lines.)
-  "$PYTHON" scripts/validate_criterion.py \
-    "{'_name': 'mgs', 'mgs_task_loss': 'lm', 'mgs_score_model': '$MLE_CKPT'}" "$WORK/bin" --user-dir fairseq_ext \
-    "${TASK[@]}" --path "$ckpt" --valid-subset test --max-tokens 4096 --required-batch-size-multiple 1 \
-    > "$WORK/validate_$name.log" 2>&1
-  rows+=("$name=$WORK/scores_$name.json,$WORK/validate_$name.log")
+  # greedy continuations, scores, LM cost and perplexity: WORK/eval_NAME.{gen,scores.json,test.log}
+  completion_eval "$WORK/bin" "$ckpt" "$MLE_CKPT" "$MAX_LEN" "$WORK/eval_$name" "${TASK[@]}"
+  rows+=("$name=$WORK/eval_$name.scores.json,$WORK/eval_$name.test.log")
 done
 "$PYTHON" examples/demo_table.py --refs "$WORK/raw/test.txt" --context-size 3 --json "$WORK/table.json" "${rows[@]}" | tee "$WORK/table.txt"

@@ -13,6 +13,23 @@ finished() {
   grep -qs "done training in" "$1"
 }
 
+# completion_eval BIN CKPT SCORER MAX_LEN OUT TASK-ARGS...: the text-completion evaluation of
+# examples/demo.sh and examples/mgs_completion_tables.sh. CKPT's greedy continuations of BIN's test
+# prefixes, at most MAX_LEN tokens (OUT.gen); scripts/score.py on them (OUT.scores.json); and the LM
+# cost under the frozen model SCORER (greedy, up to 1.3 x the longest reference) with the test
+# perplexity (scripts/validate_criterion.py, OUT.test.log). Without --required-batch-size-multiple 1
+# fairseq would drop the N mod 8 longest lines. Needs PYTHON.
+completion_eval() {
+  local bin=$1 ckpt=$2 scorer=$3 max_len=$4 out=$5
+  shift 5
+  fairseq-generate "$bin" --user-dir fairseq_ext "$@" --path "$ckpt" --gen-subset test --beam 1 \
+    --batch-size 100 --required-batch-size-multiple 1 --max-len-b $((max_len + 3)) > "$out.gen" 2> "$out.gen.log"
+  "$PYTHON" scripts/score.py "$out.gen" --max-len "$max_len" --json "$out.scores.json" > "$out.score.log" 2>&1
+  "$PYTHON" scripts/validate_criterion.py \
+    "{'_name': 'mgs', 'mgs_task_loss': 'lm', 'mgs_score_model': '$scorer'}" "$bin" --user-dir fairseq_ext "$@" \
+    --path "$ckpt" --valid-subset test --max-tokens 4096 --required-batch-size-multiple 1 > "$out.test.log" 2>&1
+}
+
 # ---------------------------------------------------------------------------
 # Staged recipes (examples/iwslt14_de_en, examples/wmt, examples/wikitext103_completion)
 #

@@ -71,7 +71,6 @@ task_cost() {  # CKPT SUBSET LOSS OUT.log: CKPT's task loss LOSS (lm or edit; an
     "{'_name': 'mgs', 'mgs_task_loss': '$3', 'mgs_score_model': '$MLE_CKPT'}" "$W/bin" --user-dir fairseq_ext \
     "${TASK[@]}" --path "$1" --valid-subset "$2" --max-tokens 4096 --required-batch-size-multiple 1 > "$4" 2>&1
 }
-lm_cost() { task_cost "$1" "$2" lm "$3"; }  # CKPT SUBSET OUT.log
 
 for seed in $SEEDS; do
   W=$WORK/s$seed
@@ -86,7 +85,7 @@ for seed in $SEEDS; do
   rows=()
   for run in $RUNS; do
     save=$W/t_$run
-    best="" best_cost="" best_u=0 loss=lm budget=$BUDGET
+    loss=lm budget=$BUDGET
     [ "$run" != mgs_edit ] || loss=edit
     while :; do
       trained=$(updates_done "$W/t_$run.log")
@@ -102,7 +101,7 @@ for seed in $SEEDS; do
           || { echo "$run stopped at update $trained of $budget: $W/t_$run.log" >&2; exit 1; }
       fi
       # every SAVE_EVERY updates (fairseq skips the interval checkpoint that falls on an epoch's end) and the last
-      best="" best_cost=""
+      best="" best_cost="" best_u=0
       for ckpt in "$save"/checkpoint_*_*.pt "$save/checkpoint_last.pt"; do
         [ -e "$ckpt" ] || continue
         u=${ckpt##*_}; u=${u%.pt}; [ "$u" != last ] || u=$trained
@@ -120,26 +119,16 @@ for seed in $SEEDS; do
     done
     log "seed $seed $run: trained $trained updates; selected $(basename "$best"), update $best_u" \
       "(validation $loss cost $best_cost)"
-    echo "$best" > "$W/sel/$run.selected"
     out=$W/eval/$run
     if [ ! -s "$out.scores.json" ] || [ "$(cat "$out.ckpt" 2>/dev/null)" != "$best $best_u" ]; then
-      fairseq-generate "$W/bin" --user-dir fairseq_ext "${TASK[@]}" --path "$best" --gen-subset test --beam 1 \
-        --batch-size 100 --required-batch-size-multiple 1 --max-len-b $((MAX_LEN + 3)) > "$out.gen" 2> "$out.gen.log"
-      "$PYTHON" scripts/score.py "$out.gen" --max-len "$MAX_LEN" --json "$out.scores.json" > "$out.score.log" 2>&1
-      rm -f "$out.test.log"
-      lm_cost "$best" test "$out.test.log"
-      echo "$best $best_u" > "$out.ckpt"
+      completion_eval "$W/bin" "$best" "$MLE_CKPT" "$MAX_LEN" "$out" "${TASK[@]}"
+      echo "$best $best_u" > "$out.ckpt"  # the evaluated checkpoint and its update
     fi
     rows+=("$run=$out.scores.json,$out.test.log")
   done
   # the MLE model itself (row 1 of Table 1)
   out=$W/eval/mle
-  if [ ! -s "$out.scores.json" ]; then
-    fairseq-generate "$W/bin" --user-dir fairseq_ext "${TASK[@]}" --path "$MLE_CKPT" --gen-subset test --beam 1 \
-      --batch-size 100 --required-batch-size-multiple 1 --max-len-b $((MAX_LEN + 3)) > "$out.gen" 2> "$out.gen.log"
-    "$PYTHON" scripts/score.py "$out.gen" --max-len "$MAX_LEN" --json "$out.scores.json" > "$out.score.log" 2>&1
-    lm_cost "$MLE_CKPT" test "$out.test.log"
-  fi
+  [ -s "$out.scores.json" ] || completion_eval "$W/bin" "$MLE_CKPT" "$MLE_CKPT" "$MAX_LEN" "$out" "${TASK[@]}"
   mkdir -p "$W/table"
   "$PYTHON" examples/demo_table.py --refs "$W/raw/test.txt" --context-size 3 --json "$W/table/table.json" \
     "mle=$out.scores.json,$out.test.log" "${rows[@]}" | tee "$W/table/table.txt"
