@@ -1,60 +1,100 @@
 #!/usr/bin/env bash
-# Differentiable scheduled sampling on CoNLL-2003 NER (Goyal thesis Table 3.1
-# layout, and the decay-strength sweep of Table 3.2), CPU scale.
+# Differentiable scheduled sampling on CoNLL-2003 NER under the thesis's protocol
+# (Goyal thesis section 3.3.3, Tables 3.1 and 3.2), CPU scale.
 #
-# Every run: the thesis's NER model (tagging_lstm_ner), EPOCHS epochs, teacher
-# forcing in epoch 1, then eps = k / (k + exp(t / k)) per epoch; the checkpoint
-# with the best greedy dev F1 (--eval-tagging); greedy decoding of dev and test,
-# scored with conlleval semantics. Prints mean, min and max over SEEDS.
+# Every run: the thesis's NER model (tagging_lstm_ner), trained from scratch with
+# teacher forcing in epoch 1, then eps = k / (k + exp(t / k)) per epoch (t = epochs
+# after the first), until greedy dev F1 has not improved for PATIENCE epochs (at most
+# MAX_EPOCH); the checkpoint with the best greedy dev F1 (--eval-tagging) is decoded
+# greedily on dev and test and scored with conlleval semantics.
+#
+# Stages (each skips finished runs, so a rerun resumes; an interrupted training
+# resumes from its checkpoint_last.pt):
+#   tune      seed TUNE_SEED of every system x config: k in KS; alpha fixed in
+#             FIXED_ALPHAS, or annealed from 1 by x GROWTH per epoch (GROWTHS)
+#   restarts  the other SEEDS of each system's best-on-dev config, and of the best
+#             alpha at every k for soft_greedy_annealed (Table 3.2)
+#   table     examples/dss_table.py --protocol: the best-on-dev restart (the thesis's
+#             rule) and the mean +- std of all restarts, per system; the tuning grid
+#
+# Run directories: WORK/SYSTEM.CONFIG.sSEED (CONFIG: base, kK, kK_aA, kK_gG, gG).
 #
 # usage: examples/dss_ner.sh WORK_DIR
-# env: FAIRSEQ_EXT_DATA (required), SEEDS ("1 2"), EPOCHS (10), JOBS (2: runs in
-#      parallel, one thread each), ONLY (space-separated run names; default all)
+# env: FAIRSEQ_EXT_DATA (required), SEEDS ("1 2 3"; the first is the tuning seed),
+#      KS ("1 10 100"), FIXED_ALPHAS ("1 10"), GROWTHS ("2"), PATIENCE (4),
+#      MAX_EPOCH (30), JOBS (2: runs in parallel, one thread each), ONLY (systems;
+#      default all), STAGES ("tune restarts table")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . examples/lib.sh
 WORK=${1:?usage: $0 WORK_DIR}
 : "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
-SEEDS=${SEEDS:-1 2}
-EPOCHS=${EPOCHS:-10}
+SEEDS=${SEEDS:-1 2 3}
+KS=${KS:-1 10 100}
+FIXED_ALPHAS=${FIXED_ALPHAS:-1 10}
+GROWTHS=${GROWTHS:-2}
+PATIENCE=${PATIENCE:-4}
+MAX_EPOCH=${MAX_EPOCH:-30}
 JOBS=${JOBS:-2}
+STAGES=${STAGES:-tune restarts table}
 PYTHON=${PYTHON:-python}
 export OMP_NUM_THREADS=1
 D=$FAIRSEQ_EXT_DATA/conll2003
 mkdir -p "$WORK"
 TASK=(--user-dir fairseq_ext --task sequence_tagging --tag-column ner --cache-dir "$WORK/cache")
-DSS=(--criterion differentiable_scheduled_sampling --dss-schedule inverse_sigmoid --dss-schedule-unit epoch
-  --dss-warmup 1)
-
-declare -A RUNS=(
-  [ce]="--criterion cross_entropy"
-  [ss_greedy]="${DSS[*]} --dss-mode hard-argmax --dss-decay-k 10"
-  [ss_sample]="${DSS[*]} --dss-mode hard-sample --dss-decay-k 10"
-  [soft_greedy_fixed]="${DSS[*]} --dss-mode soft-argmax --dss-decay-k 10 --dss-alpha 1"
-  [soft_greedy_annealed]="${DSS[*]} --dss-mode soft-argmax --dss-decay-k 10 --dss-alpha 1 --dss-alpha-growth 2"
-  [soft_sample_fixed]="${DSS[*]} --dss-mode soft-sample --dss-decay-k 10 --dss-alpha 1"
-  [soft_sample_annealed]="${DSS[*]} --dss-mode soft-sample --dss-decay-k 10 --dss-alpha 1 --dss-alpha-growth 2"
-  [soft_greedy_annealed_k100]="${DSS[*]} --dss-mode soft-argmax --dss-decay-k 100 --dss-alpha 1 --dss-alpha-growth 2"
-  [soft_greedy_annealed_k1]="${DSS[*]} --dss-mode soft-argmax --dss-decay-k 1 --dss-alpha 1 --dss-alpha-growth 2"
-  [soft_greedy_annealed_always]="--criterion differentiable_scheduled_sampling --dss-schedule always --dss-warmup 1
-    --dss-mode soft-argmax --dss-alpha 1 --dss-alpha-growth 2"
-)
-ORDER="ce ss_greedy ss_sample soft_greedy_fixed soft_greedy_annealed soft_sample_fixed soft_sample_annealed
-  soft_greedy_annealed_k100 soft_greedy_annealed_k1 soft_greedy_annealed_always"
+ORDER="ce ss_greedy ss_sample soft_greedy_fixed soft_greedy_annealed soft_sample_fixed soft_sample_annealed always"
 ONLY=${ONLY:-$ORDER}
+read -r TUNE_SEED _ <<< "$SEEDS"
+
+configs() {  # SYSTEM -> its tuning grid
+  local k a
+  case $1 in
+    ce) echo base ;;
+    ss_*) for k in $KS; do echo "k$k"; done ;;
+    *_fixed) for k in $KS; do for a in $FIXED_ALPHAS; do echo "k${k}_a$a"; done; done ;;
+    *_annealed) for k in $KS; do for a in $GROWTHS; do echo "k${k}_g$a"; done; done ;;
+    always) for a in $GROWTHS; do echo "g$a"; done ;;
+    *) echo "dss_ner.sh: unknown system $1" >&2; return 1 ;;
+  esac
+}
+
+criterion() {  # SYSTEM CONFIG -> criterion options
+  local sys=$1 cfg=$2 k="" a="" g="" mode
+  [[ $cfg =~ k([0-9]+) ]] && k=${BASH_REMATCH[1]}
+  [[ $cfg =~ _a([0-9]+) ]] && a=${BASH_REMATCH[1]}
+  [[ $cfg =~ g([0-9]+) ]] && g=${BASH_REMATCH[1]}
+  case $sys in
+    ce) echo "--criterion cross_entropy"; return ;;
+    ss_greedy) mode=hard-argmax ;;
+    ss_sample) mode=hard-sample ;;
+    soft_greedy_*|always) mode=soft-argmax ;;
+    soft_sample_*) mode=soft-sample ;;
+  esac
+  local out="--criterion differentiable_scheduled_sampling --dss-warmup 1 --dss-mode $mode"
+  if [ "$sys" = always ]; then
+    out+=" --dss-schedule always"
+  else
+    out+=" --dss-schedule inverse_sigmoid --dss-schedule-unit epoch --dss-decay-k $k"
+  fi
+  [ -z "$a" ] || out+=" --dss-alpha $a"
+  [ -z "$g" ] || out+=" --dss-alpha 1 --dss-alpha-growth $g"
+  echo "$out"
+}
 
 # binarize once, before the parallel runs share the cache
-fairseq-train "$D" "${TASK[@]}" --arch tagging_lstm_ner --criterion cross_entropy --optimizer adam --lr 0.005 \
-  --max-tokens 1000 --max-update 1 --no-save --disable-validation --num-workers 0 > "$WORK/prepare.log" 2>&1
+[ -s "$WORK/prepare.log" ] || fairseq-train "$D" "${TASK[@]}" --arch tagging_lstm_ner --criterion cross_entropy \
+  --optimizer adam --lr 0.005 --max-tokens 1000 --max-update 1 --no-save --disable-validation --num-workers 0 \
+  > "$WORK/prepare.log" 2>&1
 
-run() {  # name seed
-  local name=$1 seed=$2 dir="$WORK/$1.s$2"
+run() {  # SYSTEM CONFIG SEED
+  local dir="$WORK/$1.$2.s$3"
   if [ ! -s "$dir/test.json" ]; then
-    # shellcheck disable=SC2086
-    fairseq-train "$D" "${TASK[@]}" --arch tagging_lstm_ner ${RUNS[$name]} --optimizer adam --lr 0.005 \
-      --max-tokens 1000 --max-epoch "$EPOCHS" --save-dir "$dir" --no-epoch-checkpoints --no-save-optimizer-state \
-      --num-workers 0 --seed "$seed" --eval-tagging --best-checkpoint-metric f1 --maximize-best-checkpoint-metric \
-      --log-format simple > "$dir.train.log" 2>&1
+    mkdir -p "$dir"
+    # shellcheck disable=SC2046
+    finished "$dir.train.log" || fairseq-train "$D" "${TASK[@]}" --arch tagging_lstm_ner $(criterion "$1" "$2") \
+      --optimizer adam --lr 0.005 --max-tokens 1000 --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" \
+      --save-dir "$dir" --no-epoch-checkpoints --num-workers 0 --seed "$3" --eval-tagging \
+      --best-checkpoint-metric f1 --maximize-best-checkpoint-metric --log-format simple >> "$dir.train.log" 2>&1
     for split in valid test; do
       fairseq-generate "$D" "${TASK[@]}" --path "$dir/checkpoint_best.pt" --gen-subset $split --beam 1 \
         --batch-size 256 > "$dir/$split.gen" 2> "$dir/$split.gen.log"
@@ -62,15 +102,44 @@ run() {  # name seed
     done
     rm -f "$dir"/checkpoint_last.pt
   fi
-  echo "done: $name seed $seed"
+  echo "$(date +%H:%M:%S) done: $1 $2 seed $3"
 }
 
-for seed in $SEEDS; do
-  for name in $ONLY; do
-    mkdir -p "$WORK/$name.s$seed"
-    throttle "$JOBS"
-    run "$name" "$seed" &
+if [[ " $STAGES " == *" tune "* ]]; then
+  for sys in $ONLY; do
+    for cfg in $(configs "$sys"); do
+      throttle "$JOBS"
+      run "$sys" "$cfg" "$TUNE_SEED" &
+    done
   done
-done
-wait
-"$PYTHON" examples/dss_table.py "$WORK" $ONLY
+  wait
+fi
+
+if [[ " $STAGES " == *" restarts "* ]]; then
+  for seed in $SEEDS; do
+    [ "$seed" = "$TUNE_SEED" ] && continue
+    for sys in $ONLY; do
+      picks=$("$PYTHON" examples/dss_table.py "$WORK" --select "$sys" --tune-seed "$TUNE_SEED")
+      if [ "$sys" = soft_greedy_annealed ]; then  # Table 3.2: every k, at its best alpha
+        for k in $KS; do picks+=" $("$PYTHON" examples/dss_table.py "$WORK" --select "$sys" \
+          --tune-seed "$TUNE_SEED" --prefix "k${k}_")"; done
+      fi
+      for cfg in $(echo "$picks" | tr ' ' '\n' | sort -u); do
+        throttle "$JOBS"
+        run "$sys" "$cfg" "$seed" &
+      done
+    done
+  done
+  wait
+fi
+
+if [[ " $STAGES " == *" table "* ]]; then
+  # shellcheck disable=SC2086
+  "$PYTHON" examples/dss_table.py "$WORK" --protocol --grid --tune-seed "$TUNE_SEED" --markdown $ONLY
+  echo
+  echo "Table 3.2: soft_greedy_annealed at each k (its best alpha on dev)"
+  for k in $KS; do
+    "$PYTHON" examples/dss_table.py "$WORK" --protocol --tune-seed "$TUNE_SEED" --prefix "k${k}_" --markdown \
+      soft_greedy_annealed | tail -n 1
+  done
+fi

@@ -8,12 +8,26 @@ mean [min, max] over the seeds found, and the number of seeds. Several
 ``--suffix`` give a dev and a test column each (e.g. one per decoding:
 ``--suffix .greedy --suffix .hard --suffix .soft``); seeds count runs with all
 of them scored. The metric: ``--metric KEY`` (e.g. bleu, f1_macro), else F1 for
-chunk-scored tagging, accuracy for token-scored tagging, BLEU for translation."""
+chunk-scored tagging, accuracy for token-scored tagging, BLEU for translation.
+
+Protocol runs (Goyal thesis section 3.3.3: hyper-parameters tuned on dev, random
+restarts, the best-on-dev restart reported on test) are named
+NAME.CONFIG.sSEED, CONFIG without dots (e.g. ``soft_greedy_fixed.k10_a1.s2``):
+
+- ``--select NAME`` prints the CONFIG of NAME whose ``--tune-seed`` run (1) has the
+  best dev metric (ties: the first in sorted order); ``--prefix P`` only considers
+  configs starting with P (e.g. ``k100_``: the best alpha at k = 100);
+- ``--protocol NAME [NAME ...]`` prints, per NAME, the selected CONFIG and, over the
+  seeds of that CONFIG, the best-on-dev restart's dev and test metric (what the thesis
+  reports), the mean +- std of all restarts, and the seed count; ``--grid`` adds the
+  tuning grid (every CONFIG's tune-seed dev and test metric)."""
 import argparse
 import glob
 import json
 import os
+import re
 import statistics
+import sys
 
 
 def metric(path, key=None):
@@ -32,6 +46,73 @@ def cell(values):
     return f"{statistics.mean(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
 
 
+def protocol_runs(work, name, suffix=""):
+    """{config: {seed: (dev, test)}} for the scored runs WORK/NAME.CONFIG.sSEED."""
+    runs = {}
+    pat = re.compile(re.escape(name) + r"\.([^./]+)\.s(\d+)$")
+    for d in sorted(glob.glob(os.path.join(work, f"{name}.*.s*"))):
+        m = pat.match(os.path.basename(d))
+        files = [os.path.join(d, f"{split}{suffix}.json") for split in ("valid", "test")]
+        if m and all(os.path.isfile(f) for f in files):
+            runs.setdefault(m.group(1), {})[int(m.group(2))] = tuple(files)
+    return runs
+
+
+def select(runs, key, tune_seed=1, prefix=""):
+    """The config whose tune-seed run has the best dev metric, or None."""
+    scored = [(metric(seeds[tune_seed][0], key), cfg) for cfg, seeds in sorted(runs.items())
+              if tune_seed in seeds and cfg.startswith(prefix)]
+    if not scored:
+        return None
+    best = max(v for v, _ in scored)
+    return next(cfg for v, cfg in scored if v == best)
+
+
+def mean_std(values):
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} +- {statistics.stdev(values):.2f}"
+
+
+def print_table(rows, markdown):
+    n = len(rows[0])
+    widths = [max(len(r[i]) for r in rows) for i in range(n)]
+    for i, r in enumerate(rows):
+        if markdown:
+            print("| " + " | ".join(r) + " |")
+            if i == 0:
+                print("|" + "---|" * n)
+            continue
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def protocol_table(a):
+    suffix = (a.suffix or [""])[0]
+    rows = [("run", "config", "best-on-dev restart: dev", "test", "all restarts: dev", "test", "seeds")]
+    grid = [("run", "config", f"seed {a.tune_seed} dev", f"seed {a.tune_seed} test")]
+    for name in a.names:
+        runs = protocol_runs(a.work, name, suffix)
+        cfg = select(runs, a.metric, a.tune_seed, a.prefix)
+        for c, seeds in sorted(runs.items()):
+            if a.tune_seed in seeds and c.startswith(a.prefix):
+                grid.append((name, c) + tuple(f"{metric(f, a.metric):.2f}" for f in seeds[a.tune_seed]))
+        if cfg is None:
+            rows.append((name, "n/a", "n/a", "n/a", "n/a", "n/a", "0"))
+            continue
+        seeds = runs[cfg]
+        dev = {s: metric(f[0], a.metric) for s, f in seeds.items()}
+        test = {s: metric(f[1], a.metric) for s, f in seeds.items()}
+        best = max(sorted(dev), key=lambda s: dev[s])
+        rows.append((name, cfg, f"{dev[best]:.2f}", f"{test[best]:.2f}", mean_std(list(dev.values())),
+                     mean_std(list(test.values())), str(len(seeds))))
+    print_table(rows, a.markdown)
+    if a.grid:
+        print()
+        print_table(grid, a.markdown)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("work")
@@ -40,7 +121,23 @@ def main(argv=None):
                    help="score file suffix, e.g. .beam5 for test.beam5.json; repeat for more column pairs")
     p.add_argument("--metric", default=None)
     p.add_argument("--markdown", action="store_true", help="print a markdown table")
+    p.add_argument("--select", action="store_true", help="print the best-on-dev config of the one NAME")
+    p.add_argument("--protocol", action="store_true", help="selected config, best-on-dev restart, all restarts")
+    p.add_argument("--grid", action="store_true", help="with --protocol: also the tuning grid")
+    p.add_argument("--tune-seed", type=int, default=1, help="the seed whose dev metric selects the config")
+    p.add_argument("--prefix", default="", help="only configs starting with this")
     a = p.parse_args(argv)
+    if a.select:
+        if len(a.names) != 1:
+            p.error("--select takes one NAME")
+        cfg = select(protocol_runs(a.work, a.names[0], (a.suffix or [""])[0]), a.metric, a.tune_seed, a.prefix)
+        if cfg is None:
+            sys.exit(f"dss_table.py: no scored {a.names[0]}.CONFIG.s{a.tune_seed} run in {a.work}")
+        print(cfg)
+        return
+    if a.protocol:
+        protocol_table(a)
+        return
     suffixes = a.suffix or [""]
     head = [f"{s.lstrip('.')} {split}".strip() for s in suffixes for split in ("dev", "test")]
     rows = [tuple(["run"] + head + ["seeds"])]
@@ -51,17 +148,7 @@ def main(argv=None):
         cells = [cell([metric(os.path.join(d, f"{split}{s}.json"), a.metric) for d in dirs])
                  for s in suffixes for split in ("valid", "test")]
         rows.append(tuple([name] + cells + [str(len(dirs))]))
-    n = len(rows[0])
-    widths = [max(len(r[i]) for r in rows) for i in range(n)]
-    for i, r in enumerate(rows):
-        if a.markdown:
-            print("| " + " | ".join(r) + " |")
-            if i == 0:
-                print("|" + "---|" * n)
-            continue
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    print_table(rows, a.markdown)
 
 
 if __name__ == "__main__":
