@@ -13,6 +13,14 @@ finished() {
   grep -qs "done training in" "$1"
 }
 
+# seed_spec NAME TEMPLATE: scripts/compare_runs.py's "NAME=FILE,FILE,..." argument, one FILE per seed in
+# $SEEDS: TEMPLATE with every @SEED@ replaced by the seed
+seed_spec() {
+  local files=() seed
+  for seed in $SEEDS; do files+=("${2//@SEED@/$seed}"); done
+  echo "$1=$(IFS=,; echo "${files[*]}")"
+}
+
 # completion_eval BIN CKPT SCORER MAX_LEN OUT TASK-ARGS...: the text-completion evaluation of
 # examples/demo.sh and examples/mgs_completion_tables.sh. CKPT's greedy continuations of BIN's test
 # prefixes, at most MAX_LEN tokens (OUT.gen); scripts/score.py on them (OUT.scores.json); and the LM

@@ -141,11 +141,7 @@ for seed in $SEEDS; do dirs+=("$WORK/s$seed/table"); done
 # paired bootstrap of each fine-tune against the control, per seed and pooled (scripts/compare_runs.py)
 if [[ " $RUNS " == *" mle_cont "* ]]; then
   specs=()
-  for run in $RUNS; do
-    files=()
-    for seed in $SEEDS; do files+=("$WORK/s$seed/eval/$run.gen"); done
-    specs+=("$run=$(IFS=,; echo "${files[*]}")")
-  done
+  for run in $RUNS; do specs+=("$(seed_spec "$run" "$WORK/s@SEED@/eval/$run.gen")"); done
   "$PYTHON" scripts/compare_runs.py --control mle_cont --max-len "$MAX_LEN" --metrics nonterm,rep4,edit,avg_hyp_len \
     "${specs[@]}" --json "$WORK/compare.json" 2> "$WORK/compare.log" | tee "$WORK/compare.md"
 fi
