@@ -22,8 +22,12 @@ earlier mistakes.
 
 Resumable: every stage skips what its output file says is done.
 
+``--dss-passes P`` trains the scheduled-sampling systems with the P-pass
+approximation instead of the exact sequential pass (runs named SYSTEM_pP, beside
+the exact ones; CE is unaffected): what the approximation does to the result.
+
 usage: python examples/dss_exposure_bias.py WORK_DIR [--archs lstm transformer]
-       [--seeds 1 2 3] [--systems ...] [--table]
+       [--seeds 1 2 3] [--systems ...] [--k K] [--dss-passes P] [--table]
 """
 import argparse
 import json
@@ -98,15 +102,18 @@ def prepare(work):
     return bin_dir
 
 
-def run(work, bin_dir, arch, system, seed, k, splits=("valid", "test"), tag=None):
-    """Train, decode and score one system; returns its run directory."""
-    name = tag or system
+def run(work, bin_dir, arch, system, seed, k, splits=("valid", "test"), tag=None, passes=None):
+    """Train, decode and score one system (with ``--dss-passes passes`` if given); returns its run
+    directory."""
+    name = tag or run_name(system, passes)
     d = os.path.join(work, arch, f"{name}.s{seed}")
     os.makedirs(d, exist_ok=True)
     ckpt = os.path.join(d, "checkpoint_last.pt")
     done = os.path.join(d, "train.done")
     if not os.path.isfile(done):
         crit = [str(k) if a == "K" else a for a in SYSTEMS[system]]
+        if passes is not None and system != "ce":
+            crit += ["--dss-passes", str(passes)]
         sh(["fairseq-train", bin_dir, "--user-dir", "fairseq_ext", "--task", "translation"] + ARCHS[arch] + crit
            + OPTIM + BATCH + ["--max-epoch", str(EPOCHS), "--save-dir", d, "--no-epoch-checkpoints",
                               "--no-save-optimizer-state", "--num-workers", "0", "--seed", str(seed),
@@ -126,6 +133,14 @@ def run(work, bin_dir, arch, system, seed, k, splits=("valid", "test"), tag=None
             json.dump(scores, f)
     print(f"done: {arch} {name} seed {seed}", flush=True)
     return d
+
+
+def run_name(system, passes):
+    return system if passes is None or system == "ce" else f"{system}_p{passes}"
+
+
+def label(system, passes):
+    return LABELS[system] + ("" if passes is None or system == "ce" else f", {passes} passes")
 
 
 def load(work, arch, name, split):
@@ -168,7 +183,7 @@ def bucket(scores, key, lo, hi):
     return sum(vals) / len(vals)
 
 
-def table(work, archs, systems):
+def table(work, archs, systems, passes=None):
     for arch in archs:
         kpath = os.path.join(work, arch, "k_choice.json")
         if os.path.isfile(kpath):
@@ -180,8 +195,9 @@ def table(work, archs, systems):
                [f"pos {lo}-{hi}" for lo, hi in BUCKETS] + ["seeds"]
         print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         for system in systems:
-            dev, test = load(work, arch, system, "valid"), load(work, arch, system, "test")
-            cells = [LABELS[system], mean_std([s["seq_acc"] for s in dev]), mean_std([s["token_acc"] for s in test]),
+            name = run_name(system, passes)
+            dev, test = load(work, arch, name, "valid"), load(work, arch, name, "test")
+            cells = [label(system, passes), mean_std([s["seq_acc"] for s in dev]), mean_std([s["token_acc"] for s in test]),
                      mean_std([s["seq_acc"] for s in test])]
             cells += [mean_std([bucket(s, "by_position", lo, hi) for s in test]) for lo, hi in BUCKETS]
             print("| " + " | ".join(cells + [str(len(test))]) + " |")
@@ -189,11 +205,11 @@ def table(work, archs, systems):
                [f"compounding pos {lo}-{hi}" for lo, hi in BUCKETS[2:]]
         print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         for system in systems:
-            test = load(work, arch, system, "test")
+            test = load(work, arch, run_name(system, passes), "test")
             tf = [mean_std([bucket(s, "teacher_forced_by_position", lo, hi) for s in test]) for lo, hi in BUCKETS[2:]]
             gap = [mean_std([bucket(s, "teacher_forced_by_position", lo, hi) - bucket(s, "by_position", lo, hi)
                              for s in test]) for lo, hi in BUCKETS[2:]]
-            print("| " + " | ".join([LABELS[system]] + tf + gap) + " |")
+            print("| " + " | ".join([label(system, passes)] + tf + gap) + " |")
 
 
 def main(argv=None):
@@ -203,6 +219,7 @@ def main(argv=None):
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     p.add_argument("--k", type=float, help="use this k instead of choosing it on dev")
+    p.add_argument("--dss-passes", type=int, help="train the scheduled-sampling systems with P passes")
     p.add_argument("--table", action="store_true", help="only print the table of what is done")
     a = p.parse_args(argv)
     if not a.table:
@@ -211,8 +228,8 @@ def main(argv=None):
             k = a.k if a.k is not None else choose_k(a.work, bin_dir, arch)
             for seed in a.seeds:
                 for system in a.systems:
-                    run(a.work, bin_dir, arch, system, seed, k)
-    table(a.work, a.archs, a.systems)
+                    run(a.work, bin_dir, arch, system, seed, k, passes=a.dss_passes)
+    table(a.work, a.archs, a.systems, a.dss_passes)
 
 
 if __name__ == "__main__":
