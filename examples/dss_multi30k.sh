@@ -1,101 +1,105 @@
 #!/usr/bin/env bash
-# Differentiable scheduled sampling on Multi30k De-En (Goyal thesis Table 3.1,
-# MT columns), CPU scale: the thesis's MT model shape (1-layer BiLSTM encoder and
-# 1-layer LSTM decoder with attention, 256 units) on a joint 4k BPE vocabulary.
+# Differentiable scheduled sampling on Multi30k De-En under the thesis's protocol
+# (Goyal thesis section 3.3.3, Table 3.1 MT columns), CPU scale: the thesis's MT model
+# shape (1-layer BiLSTM encoder and 1-layer LSTM decoder with attention, 256 units) on
+# a joint sentencepiece vocabulary of VOCAB pieces, Adam 0.002, 4000 tokens a batch.
 #
-# Every run shares a teacher-forced warm-up of WARM_UPDATES updates (the
-# schedule's warm-up, the thesis's first teacher-forced epoch), then trains
-# FT_UPDATES more updates in its own mode: CE (the baseline: teacher forcing
-# throughout), plain scheduled sampling (hard-argmax / hard-sample) and DSS
-# (soft-argmax / soft-sample, alpha fixed or annealed), with eps = k / (k +
-# exp(t / k)) per update (k = DECAY_K) after the warm-up. All runs use the
-# differentiable_scheduled_sampling criterion (with eps = 1 it is exactly
-# cross-entropy), so each resumes the warm-up's checkpoint with its optimizer
-# state and update count (fairseq restores the update count only together with
-# the optimizer state, and only for the same criterion class).
-# Scores: sacreBLEU of greedy and beam-5 decodes of dev (val) and test2016.
+# Every run is trained from scratch: the first epoch teacher-forced (shared by all
+# systems of a seed: WORK/warm.sSEED, which each run resumes with its optimizer state;
+# all systems use the differentiable_scheduled_sampling criterion, CE as eps = 1
+# throughout, so fairseq restores that state), then eps = k / (k + exp(t / k)) per
+# epoch, until greedy dev BLEU (fairseq's --eval-bleu, detokenized) has not improved
+# for PATIENCE epochs (at most MAX_EPOCH); checkpoint_best is decoded greedily and with
+# beam 5 on dev (val) and test (test2016) and scored with sacreBLEU
+# (scripts/score.py). The stages (tune, restarts, table) and CONFIG names are
+# examples/lib.sh's dss_protocol; selection by greedy dev BLEU. Then
+# scripts/compare_runs.py: each system's selected config, all restarts, against CE
+# (sacreBLEU's paired bootstrap per seed pair and pooled), greedy and beam 5.
+#
+# A rerun skips finished runs and resumes interrupted ones (checkpoint_last.pt).
 #
 # usage: examples/dss_multi30k.sh WORK_DIR
-# env: FAIRSEQ_EXT_DATA (required), WARM_UPDATES (600), FT_UPDATES (200),
-#      DECAY_K (50), SEEDS ("1"), JOBS (2), VOCAB (4000), ONLY (run names)
+# env: FAIRSEQ_EXT_DATA (required), SEEDS ("1 2 3"; the first tunes), KS ("1 10 100"),
+#      FIXED_ALPHAS ("1"), GROWTHS ("2"), PATIENCE (3), MAX_EPOCH (15), JOBS (2),
+#      VOCAB (4000), ONLY (systems; default all), STAGES ("tune restarts table")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . examples/lib.sh
 WORK=${1:?usage: $0 WORK_DIR}
 : "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
-WARM_UPDATES=${WARM_UPDATES:-600}
-FT_UPDATES=${FT_UPDATES:-200}
-DECAY_K=${DECAY_K:-50}
-SEEDS=${SEEDS:-1}
+SEEDS=${SEEDS:-1 2 3}
+KS=${KS:-1 10 100}
+FIXED_ALPHAS=${FIXED_ALPHAS:-1}
+GROWTHS=${GROWTHS:-2}
+PATIENCE=${PATIENCE:-3}
+MAX_EPOCH=${MAX_EPOCH:-15}
 JOBS=${JOBS:-2}
 VOCAB=${VOCAB:-4000}
+STAGES=${STAGES:-tune restarts table}
+ONLY=${ONLY:-$DSS_SYSTEMS}
 PYTHON=${PYTHON:-python}
-export OMP_NUM_THREADS=1
+export OMP_NUM_THREADS=1 DSS_CE_AS_DSS=1
 mkdir -p "$WORK"
 
 [ -d "$WORK/data/bin" ] || bash scripts/prepare_multi30k.sh "$FAIRSEQ_EXT_DATA/multi30k" "$WORK/data" "$VOCAB" \
   > "$WORK/prepare.log" 2>&1
+BIN=$WORK/data/bin
 MODEL=(--user-dir fairseq_ext --arch lstm --encoder-layers 1 --decoder-layers 1 --encoder-bidirectional
   --encoder-embed-dim 256 --encoder-hidden-size 256 --decoder-embed-dim 256 --decoder-hidden-size 256
   --decoder-out-embed-dim 256 --dropout 0.2 --optimizer adam --lr 0.002 --clip-norm 1.0 --max-tokens 4000
-  --num-workers 0 --no-epoch-checkpoints --log-format simple --log-interval 50
-  --criterion differentiable_scheduled_sampling --dss-schedule inverse_sigmoid --dss-schedule-unit update)
-DSS=(--dss-warmup "$WARM_UPDATES" --dss-decay-k "$DECAY_K")
-declare -A RUNS=(
-  [ce]="--dss-warmup 1e12"
-  [ss_greedy]="${DSS[*]} --dss-mode hard-argmax"
-  [ss_sample]="${DSS[*]} --dss-mode hard-sample"
-  [soft_greedy_fixed]="${DSS[*]} --dss-mode soft-argmax --dss-alpha 1"
-  [soft_greedy_annealed]="${DSS[*]} --dss-mode soft-argmax --dss-alpha 1 --dss-alpha-growth 1.01"
-  [soft_sample_fixed]="${DSS[*]} --dss-mode soft-sample --dss-alpha 1"
-  [soft_sample_annealed]="${DSS[*]} --dss-mode soft-sample --dss-alpha 1 --dss-alpha-growth 1.01"
-)
-ORDER="ce ss_greedy ss_sample soft_greedy_fixed soft_greedy_annealed soft_sample_fixed soft_sample_annealed"
-ONLY=${ONLY:-$ORDER}
+  --num-workers 0 --no-epoch-checkpoints --log-format simple --log-interval 50)
+DEV_BLEU=(--eval-bleu --eval-bleu-args '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}' --eval-bleu-detok space
+  --eval-bleu-remove-bpe sentencepiece --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
 
-for seed in $SEEDS; do
-  warm="$WORK/warm.s$seed"
-  if ! finished "$warm.log"; then  # (an interrupted warm-up resumes from its checkpoint_last.pt)
-    echo "==> teacher-forced warm-up, seed $seed: $WARM_UPDATES updates"
-    fairseq-train "$WORK/data/bin" "${MODEL[@]}" --dss-warmup 1e12 --max-update "$WARM_UPDATES" \
-      --seed "$seed" --save-dir "$warm" --disable-validation >> "$warm.log" 2>&1 || { tail "$warm.log"; exit 1; }
-  fi
-done
+warm() {  # SEED: the teacher-forced first epoch, shared by every system of the seed
+  local dir="$WORK/warm.s$1"
+  finished "$dir.log" && return 0
+  # shellcheck disable=SC2046
+  fairseq-train "$BIN" "${MODEL[@]}" $(dss_criterion ce base) --max-epoch 1 --seed "$1" --save-dir "$dir" \
+    --disable-validation >> "$dir.log" 2>&1 || { tail "$dir.log" >&2; return 1; }
+}
 
-run() {  # name seed
-  local name=$1 seed=$2 dir="$WORK/$1.s$2"
-  if [ ! -e "$dir/done" ]; then
+run() {  # SYSTEM CONFIG SEED
+  local dir="$WORK/$1.$2.s$3" split beam
+  if [ ! -s "$dir/test.beam5.json" ]; then
     mkdir -p "$dir"
-    # start from the warm-up, unless an interrupted run left its own checkpoint: resume that
-    if [ ! -e "$dir/checkpoint_last.pt" ]; then
-      cp "$WORK/warm.s$seed/checkpoint_last.pt" "$dir/checkpoint_last.pt.tmp"
-      mv "$dir/checkpoint_last.pt.tmp" "$dir/checkpoint_last.pt"
+    if ! finished "$dir.train.log"; then
+      if [ ! -e "$dir/checkpoint_last.pt" ]; then  # start from the warm-up (an interrupted run resumes its own)
+        cp "$WORK/warm.s$3/checkpoint_last.pt" "$dir/checkpoint_last.pt.tmp"
+        mv "$dir/checkpoint_last.pt.tmp" "$dir/checkpoint_last.pt"
+      fi
+      # shellcheck disable=SC2046
+      fairseq-train "$BIN" "${MODEL[@]}" $(dss_criterion "$1" "$2") "${DEV_BLEU[@]}" --max-epoch "$MAX_EPOCH" \
+        --patience "$PATIENCE" --seed "$3" --save-dir "$dir" >> "$dir.train.log" 2>&1
     fi
-    # shellcheck disable=SC2086
-    fairseq-train "$WORK/data/bin" "${MODEL[@]}" ${RUNS[$name]} --max-update $((WARM_UPDATES + FT_UPDATES)) \
-      --seed "$seed" --save-dir "$dir" --disable-validation > "$dir.train.log" 2>&1
     for split in valid test; do
       for beam in 1 5; do
-        fairseq-generate "$WORK/data/bin" --user-dir fairseq_ext --path "$dir/checkpoint_last.pt" --gen-subset $split \
+        fairseq-generate "$BIN" --user-dir fairseq_ext --path "$dir/checkpoint_best.pt" --gen-subset $split \
           --beam $beam --batch-size 128 --required-batch-size-multiple 1 --post-process sentencepiece \
-          --max-len-a 1.2 --max-len-b 10 \
-          > "$dir/$split.beam$beam.gen" 2> "$dir/$split.beam$beam.gen.log"
+          --max-len-a 1.2 --max-len-b 10 > "$dir/$split.beam$beam.gen" 2> "$dir/$split.beam$beam.gen.log"
         "$PYTHON" scripts/score.py "$dir/$split.beam$beam.gen" --json "$dir/$split.beam$beam.json" > /dev/null
       done
     done
-    touch "$dir/done"
+    rm -f "$dir/checkpoint_last.pt"
   fi
-  echo "done: $name seed $seed"
+  echo "$(date +%H:%M:%S) done: $1 $2 seed $3"
 }
 
-for seed in $SEEDS; do
-  for name in $ONLY; do
-    throttle "$JOBS"
-    run "$name" "$seed" &
+for seed in $SEEDS; do warm "$seed"; done
+dss_protocol "$WORK" run --metric bleu --suffix .beam1
+
+if [[ " $STAGES " == *" table "* ]]; then
+  read -r tune_seed _ <<< "$SEEDS"
+  for beam in 1 5; do
+    specs=()
+    for sys in $ONLY; do
+      cfg=$("$PYTHON" examples/dss_table.py "$WORK" --metric bleu --suffix .beam1 --select "$sys" \
+        --tune-seed "$tune_seed")
+      specs+=("$(seed_spec "$sys" "$WORK/$sys.$cfg.s@SEED@/test.beam$beam.gen")")
+    done
+    echo
+    echo "test, beam $beam: every restart of each system's selected config against CE"
+    "$PYTHON" scripts/compare_runs.py --control ce "${specs[@]}" --json "$WORK/compare.beam$beam.json" \
+      | tee "$WORK/compare.beam$beam.md"
   done
-done
-wait
-for beam in 1 5; do
-  echo "BLEU, beam $beam"
-  "$PYTHON" examples/dss_table.py "$WORK" --metric bleu --suffix ".beam$beam" $ONLY
-done
+fi

@@ -42,44 +42,7 @@ export OMP_NUM_THREADS=1
 D=$FAIRSEQ_EXT_DATA/conll2003
 mkdir -p "$WORK"
 TASK=(--user-dir fairseq_ext --task sequence_tagging --tag-column ner --cache-dir "$WORK/cache")
-ORDER="ce ss_greedy ss_sample soft_greedy_fixed soft_greedy_annealed soft_sample_fixed soft_sample_annealed always"
-ONLY=${ONLY:-$ORDER}
-read -r TUNE_SEED _ <<< "$SEEDS"
-
-configs() {  # SYSTEM -> its tuning grid
-  local k a
-  case $1 in
-    ce) echo base ;;
-    ss_*) for k in $KS; do echo "k$k"; done ;;
-    *_fixed) for k in $KS; do for a in $FIXED_ALPHAS; do echo "k${k}_a$a"; done; done ;;
-    *_annealed) for k in $KS; do for a in $GROWTHS; do echo "k${k}_g$a"; done; done ;;
-    always) for a in $GROWTHS; do echo "g$a"; done ;;
-    *) echo "dss_ner.sh: unknown system $1" >&2; return 1 ;;
-  esac
-}
-
-criterion() {  # SYSTEM CONFIG -> criterion options
-  local sys=$1 cfg=$2 k="" a="" g="" mode
-  [[ $cfg =~ k([0-9]+) ]] && k=${BASH_REMATCH[1]}
-  [[ $cfg =~ _a([0-9]+) ]] && a=${BASH_REMATCH[1]}
-  [[ $cfg =~ g([0-9]+) ]] && g=${BASH_REMATCH[1]}
-  case $sys in
-    ce) echo "--criterion cross_entropy"; return ;;
-    ss_greedy) mode=hard-argmax ;;
-    ss_sample) mode=hard-sample ;;
-    soft_greedy_*|always) mode=soft-argmax ;;
-    soft_sample_*) mode=soft-sample ;;
-  esac
-  local out="--criterion differentiable_scheduled_sampling --dss-warmup 1 --dss-mode $mode"
-  if [ "$sys" = always ]; then
-    out+=" --dss-schedule always"
-  else
-    out+=" --dss-schedule inverse_sigmoid --dss-schedule-unit epoch --dss-decay-k $k"
-  fi
-  [ -z "$a" ] || out+=" --dss-alpha $a"
-  [ -z "$g" ] || out+=" --dss-alpha 1 --dss-alpha-growth $g"
-  echo "$out"
-}
+ONLY=${ONLY:-$DSS_SYSTEMS}
 
 # binarize once, before the parallel runs share the cache
 [ -s "$WORK/prepare.log" ] || fairseq-train "$D" "${TASK[@]}" --arch tagging_lstm_ner --criterion cross_entropy \
@@ -91,7 +54,7 @@ run() {  # SYSTEM CONFIG SEED
   if [ ! -s "$dir/test.json" ]; then
     mkdir -p "$dir"
     # shellcheck disable=SC2046
-    finished "$dir.train.log" || fairseq-train "$D" "${TASK[@]}" --arch tagging_lstm_ner $(criterion "$1" "$2") \
+    finished "$dir.train.log" || fairseq-train "$D" "${TASK[@]}" --arch tagging_lstm_ner $(dss_criterion "$1" "$2") \
       --optimizer adam --lr 0.005 --max-tokens 1000 --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" \
       --save-dir "$dir" --no-epoch-checkpoints --num-workers 0 --seed "$3" --eval-tagging \
       --best-checkpoint-metric f1 --maximize-best-checkpoint-metric --log-format simple >> "$dir.train.log" 2>&1
@@ -105,41 +68,4 @@ run() {  # SYSTEM CONFIG SEED
   echo "$(date +%H:%M:%S) done: $1 $2 seed $3"
 }
 
-if [[ " $STAGES " == *" tune "* ]]; then
-  for sys in $ONLY; do
-    for cfg in $(configs "$sys"); do
-      throttle "$JOBS"
-      run "$sys" "$cfg" "$TUNE_SEED" &
-    done
-  done
-  wait
-fi
-
-if [[ " $STAGES " == *" restarts "* ]]; then
-  for seed in $SEEDS; do
-    [ "$seed" = "$TUNE_SEED" ] && continue
-    for sys in $ONLY; do
-      picks=$("$PYTHON" examples/dss_table.py "$WORK" --select "$sys" --tune-seed "$TUNE_SEED")
-      if [ "$sys" = soft_greedy_annealed ]; then  # Table 3.2: every k, at its best alpha
-        for k in $KS; do picks+=" $("$PYTHON" examples/dss_table.py "$WORK" --select "$sys" \
-          --tune-seed "$TUNE_SEED" --prefix "k${k}_")"; done
-      fi
-      for cfg in $(echo "$picks" | tr ' ' '\n' | sort -u); do
-        throttle "$JOBS"
-        run "$sys" "$cfg" "$seed" &
-      done
-    done
-  done
-  wait
-fi
-
-if [[ " $STAGES " == *" table "* ]]; then
-  # shellcheck disable=SC2086
-  "$PYTHON" examples/dss_table.py "$WORK" --protocol --grid --tune-seed "$TUNE_SEED" --markdown $ONLY
-  echo
-  echo "Table 3.2: soft_greedy_annealed at each k (its best alpha on dev)"
-  for k in $KS; do
-    "$PYTHON" examples/dss_table.py "$WORK" --protocol --tune-seed "$TUNE_SEED" --prefix "k${k}_" --markdown \
-      soft_greedy_annealed | tail -n 1
-  done
-fi
+dss_protocol "$WORK" run

@@ -21,6 +21,108 @@ seed_spec() {
   echo "$1=$(IFS=,; echo "${files[*]}")"
 }
 
+# ---------------------------------------------------------------------------
+# Scheduled-sampling systems under the Goyal thesis's protocol (section 3.3.3), shared by
+# examples/dss_ner.sh and examples/dss_multi30k.sh. Systems: ce, ss_greedy, ss_sample,
+# soft_greedy_fixed, soft_greedy_annealed, soft_sample_fixed, soft_sample_annealed, always
+# (soft argmax, annealed alpha, eps = 0 after the teacher-forced first epoch). CONFIG names
+# (no dots): base (ce), kK (hard), kK_aA (alpha fixed at A), kK_gG (alpha 1, x G per epoch),
+# gG (always).
+# ---------------------------------------------------------------------------
+DSS_SYSTEMS="ce ss_greedy ss_sample soft_greedy_fixed soft_greedy_annealed soft_sample_fixed soft_sample_annealed"
+DSS_SYSTEMS+=" always"
+
+# dss_configs SYSTEM: its tuning grid, from KS, FIXED_ALPHAS and GROWTHS
+dss_configs() {
+  local k a
+  case $1 in
+    ce) echo base ;;
+    ss_*) for k in $KS; do echo "k$k"; done ;;
+    *_fixed) for k in $KS; do for a in $FIXED_ALPHAS; do echo "k${k}_a$a"; done; done ;;
+    *_annealed) for k in $KS; do for a in $GROWTHS; do echo "k${k}_g$a"; done; done ;;
+    always) for a in $GROWTHS; do echo "g$a"; done ;;
+    *) echo "$0: unknown system $1" >&2; return 1 ;;
+  esac
+}
+
+# dss_criterion SYSTEM CONFIG: the criterion options (teacher forcing in epoch 1, then eps =
+# k / (k + exp(t / k)) per epoch); CE as cross_entropy, or (DSS_CE_AS_DSS=1) as the DSS
+# criterion with eps = 1 throughout, which is exactly cross-entropy and lets a run resume a
+# shared warm-up checkpoint with its optimizer state (fairseq restores it only for the same
+# criterion class)
+dss_criterion() {
+  local sys=$1 cfg=$2 k="" a="" g="" mode out
+  [[ $cfg =~ k([0-9]+) ]] && k=${BASH_REMATCH[1]}
+  [[ $cfg =~ _a([0-9]+) ]] && a=${BASH_REMATCH[1]}
+  [[ $cfg =~ g([0-9]+) ]] && g=${BASH_REMATCH[1]}
+  out="--criterion differentiable_scheduled_sampling --dss-schedule-unit epoch"
+  case $sys in
+    ce) if [ "${DSS_CE_AS_DSS:-0}" = 1 ]; then echo "$out --dss-warmup 1e12"; else echo "--criterion cross_entropy"; fi
+        return ;;
+    ss_greedy) mode=hard-argmax ;;
+    ss_sample) mode=hard-sample ;;
+    soft_greedy_*|always) mode=soft-argmax ;;
+    soft_sample_*) mode=soft-sample ;;
+  esac
+  out+=" --dss-warmup 1 --dss-mode $mode"
+  if [ "$sys" = always ]; then out+=" --dss-schedule always"
+  else out+=" --dss-schedule inverse_sigmoid --dss-decay-k $k"; fi
+  [ -z "$a" ] || out+=" --dss-alpha $a"
+  [ -z "$g" ] || out+=" --dss-alpha 1 --dss-alpha-growth $g"
+  echo "$out"
+}
+
+# dss_protocol WORK RUN_FN TABLE_ARGS...: the stages named in STAGES over the systems in ONLY,
+# RUN_FN SYSTEM CONFIG SEED training and scoring one run (JOBS at a time, in the background):
+#   tune      seed TUNE_SEED (the first of SEEDS) of every system x config
+#   restarts  the other SEEDS of each system's best-on-dev config, and of the best alpha at
+#             every k for soft_greedy_annealed (Table 3.2)
+#   table     examples/dss_table.py --protocol TABLE_ARGS: the best-on-dev restart and the
+#             mean +- std of all restarts per system, the tuning grid, Table 3.2
+dss_protocol() {
+  local work=$1 run_fn=$2 sys cfg seed k picks tune_seed
+  shift 2
+  read -r tune_seed _ <<< "$SEEDS"
+  if [[ " $STAGES " == *" tune "* ]]; then
+    for sys in $ONLY; do
+      for cfg in $(dss_configs "$sys"); do
+        throttle "$JOBS"
+        "$run_fn" "$sys" "$cfg" "$tune_seed" &
+      done
+    done
+    wait
+  fi
+  if [[ " $STAGES " == *" restarts "* ]]; then
+    for seed in $SEEDS; do
+      [ "$seed" = "$tune_seed" ] && continue
+      for sys in $ONLY; do
+        picks=$("$PYTHON" examples/dss_table.py "$work" "$@" --select "$sys" --tune-seed "$tune_seed")
+        if [ "$sys" = soft_greedy_annealed ]; then
+          for k in $KS; do picks+=" $("$PYTHON" examples/dss_table.py "$work" "$@" --select "$sys" \
+            --tune-seed "$tune_seed" --prefix "k${k}_")"; done
+        fi
+        for cfg in $(echo "$picks" | tr ' ' '\n' | sort -u); do
+          throttle "$JOBS"
+          "$run_fn" "$sys" "$cfg" "$seed" &
+        done
+      done
+    done
+    wait
+  fi
+  if [[ " $STAGES " == *" table "* ]]; then
+    # shellcheck disable=SC2086
+    "$PYTHON" examples/dss_table.py "$work" "$@" --protocol --grid --tune-seed "$tune_seed" --markdown $ONLY
+    if [[ " $ONLY " == *" soft_greedy_annealed "* ]]; then
+      echo
+      echo "Table 3.2: soft_greedy_annealed at each k (its best alpha on dev)"
+      for k in $KS; do
+        "$PYTHON" examples/dss_table.py "$work" "$@" --protocol --tune-seed "$tune_seed" --prefix "k${k}_" \
+          --markdown soft_greedy_annealed | tail -n 1
+      done
+    fi
+  fi
+}
+
 # completion_eval BIN CKPT SCORER MAX_LEN OUT TASK-ARGS...: the text-completion evaluation of
 # examples/demo.sh and examples/mgs_completion_tables.sh. CKPT's greedy continuations of BIN's test
 # prefixes, at most MAX_LEN tokens (OUT.gen); scripts/score.py on them (OUT.scores.json); and the LM
