@@ -133,8 +133,17 @@ class FixedAttentionLSTMDecoder(FairseqIncrementalDecoder):
             previous ``{"hidden", "cell"}`` of shape (N, H) each, or None (zeros).
         Returns the scores (N, T, V) and the state after the last step.
         """
-        hc = None if state is None else (state["hidden"].unsqueeze(0), state["cell"].unsqueeze(0))
         x = torch.cat([prev_embed, context], dim=-1)
+        if x.size(1) == 1:
+            # one step (incremental decoding, the relaxed beam): the fused cell; nn.LSTM's
+            # (mkldnn) layer costs ~1 ms more per call in the backward pass on CPU, which made
+            # the search's T single-step calls dominate its training step
+            zeros = x.new_zeros(x.size(0), self.lstm.hidden_size)
+            h, c = torch.lstm_cell(x[:, 0], (zeros, zeros) if state is None else (state["hidden"], state["cell"]),
+                                   self.lstm.weight_ih_l0, self.lstm.weight_hh_l0, self.lstm.bias_ih_l0,
+                                   self.lstm.bias_hh_l0)
+            return self.fc_out(self.dropout(h.unsqueeze(1))), {"hidden": h, "cell": c}
+        hc = None if state is None else (state["hidden"].unsqueeze(0), state["cell"].unsqueeze(0))
         out, (h, c) = self.lstm(x, hc)
         return self.fc_out(self.dropout(out)), {"hidden": h.squeeze(0), "cell": c.squeeze(0)}
 
