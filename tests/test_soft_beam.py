@@ -504,39 +504,49 @@ def test_training_search_follows_the_decoding_rules(shift, translators, monkeypa
 @pytest.mark.parametrize("arch", ["transformer", "lstm"])
 def test_search_dropout_modes(arch, translators):
     """In train mode (dropout 0.1): with --soft-beam-dropout none two calls give
-    identical gradients and the model is back in train mode; independent masks give
-    different ones. At the first step the k rows of a sentence have identical
-    inputs: their logits are equal under shared masks, not under independent ones."""
+    identical gradients, no dropout module drops anything, and the model is back in
+    train mode; independent masks give different gradients on two calls, and the k rows
+    of a sentence get different masks; shared masks are equal over a sentence's k rows
+    (read off the decoder's dropout module at the steps that run B x k rows: entries it
+    zeroed) but drawn anew on each call."""
     import copy
 
     from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss
 
     task, model, sample = translators[arch]
     model = copy.deepcopy(model).train()
-    first = []
-    layer = model.decoder.output_projection if arch == "transformer" else model.decoder.fc_out
-    layer.register_forward_hook(lambda m, i, o: first.append(o.detach()) if len(first) == 0 else None)
+    B, k = sample["target"].size(0), 3
+    calls = []
+    drop = model.decoder.dropout_module if arch == "transformer" else model.decoder.dropout_out_module
+    drop.register_forward_hook(lambda m, i, o: calls.append((i[0].detach(), o.detach())))
 
     def grads(mode):
-        first.clear()
+        calls.clear()
         model.zero_grad()
-        criterion = SoftBeamDirectLoss(task, soft_beam_size=3, soft_beam_dropout=mode)
+        criterion = SoftBeamDirectLoss(task, soft_beam_size=k, soft_beam_dropout=mode)
         criterion(model, sample)[0].backward()
-        logits = first[0].view(-1, 3, first[0].size(-1))  # (B, k, V)
-        return [p.grad.clone() for p in model.parameters() if p.grad is not None], logits
+        kept = []  # (B, k, rest) kept entries at each step with B x k rows
+        for x, y in calls:
+            dims = [d for d, n in enumerate(x.shape) if n == B * k]
+            if dims:
+                keep = (y != 0) | (x == 0)
+                kept.append(keep.movedim(dims[0], 0).reshape(B, k, -1))
+        assert kept, "no dropout call on B x k rows"
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None], kept
 
     a, _ = grads("none")
-    b, logits = grads("none")
+    b, kept = grads("none")
     assert model.training and all(torch.equal(x, y) for x, y in zip(a, b))
-    assert torch.equal(logits[:, 0], logits[:, 1])  # eval mode: no dropout at all
-    c, logits = grads("independent")
+    assert all(m.all() for m in kept)  # eval mode: no dropout at all
+    c, kept = grads("independent")
     e, _ = grads("independent")
     assert not all(torch.equal(x, y) for x, y in zip(c, e))
-    assert not torch.allclose(logits[:, 0], logits[:, 1])
-    _, logits = grads("shared")
-    assert torch.equal(logits[:, 0], logits[:, 1]) and torch.equal(logits[:, 0], logits[:, 2])
+    assert not all(m.all() for m in kept) and not torch.equal(kept[0][:, 0], kept[0][:, 1])
+    _, kept = grads("shared")
+    assert not all(m.all() for m in kept)
+    assert all(torch.equal(m[:, 0], m[:, j]) for m in kept for j in range(1, k))
     _, other = grads("shared")
-    assert not torch.equal(logits, other)  # masks are drawn, not switched off
+    assert not torch.equal(kept[0], other[0])  # masks are drawn, not switched off
 
 
 def test_fairseq_generate_translation_search(toy_bin, tmp_path):

@@ -93,18 +93,21 @@ def local_scores(logits: Tensor, normalization: str) -> Tensor:
 
 
 @contextlib.contextmanager
-def _search_dropout(model, mode: str, sentences: int, beam: int) -> Iterator[None]:
+def _search_dropout(model, mode: str, sentences: int, beam: int) -> Iterator[Dict[str, int]]:
     """Dropout of the search pass (module docstring): ``none`` runs ``model`` in
     eval mode; ``shared`` makes every dropout module of the decoder draw one mask
     per sentence for the ``beam`` rows of each of the ``sentences``;
-    ``independent`` changes nothing."""
+    ``independent`` changes nothing. Yields ``{"beam": beam}``: the rows per
+    sentence that ``shared`` assumes, which the search sets to 1 while it decodes
+    one row per sentence (its first step)."""
+    rows = {"beam": beam}
     if not model.training or mode == "independent" or (mode == "shared" and beam == 1):
-        yield
+        yield rows
     elif mode == "none":
         modes = [(m, m.training) for m in model.modules()]
         model.eval()
         try:
-            yield
+            yield rows
         finally:
             for m, training in modes:
                 m.training = training
@@ -112,21 +115,24 @@ def _search_dropout(model, mode: str, sentences: int, beam: int) -> Iterator[Non
         modules = [m for m in model.decoder.modules()
                    if isinstance(m, (torch.nn.Dropout, FairseqDropout)) and m.p > 0]
         for m in modules:
-            m.forward = functools.partial(_shared_dropout, m, sentences, beam)
+            m.forward = functools.partial(_shared_dropout, m, sentences, rows)
         try:
-            yield
+            yield rows
         finally:
             for m in modules:
                 del m.forward  # the class's forward again
 
 
-def _shared_dropout(module, sentences: int, beam: int, x: Tensor, *args, **kwargs) -> Tensor:
-    """``module``'s dropout on ``x`` with one mask per sentence: the rows are the
+def _shared_dropout(module, sentences: int, rows_per_sentence: Dict[str, int], x: Tensor, *args,
+                    **kwargs) -> Tensor:
+    """``module``'s dropout on ``x`` with one mask per sentence (``rows_per_sentence
+    ["beam"]`` rows each, read at call time): the rows are the
     first dimension whose size is a multiple of sentences x beam (fairseq's lstm,
     transformer and tagging_lstm: (B*k, ...) or (1, B*k, ...) states, (B*k*heads,
     ...) attention weights; sentence-major, beam-minor, as in fairseq), viewed as
     (sentences, beam, rest); the mask is drawn for (sentences, 1, rest) and expanded
     over the beam."""
+    beam = rows_per_sentence["beam"]
     rows = sentences * beam
     dims = [d for d, n in enumerate(x.shape) if n % rows == 0]
     if not module.training or not dims:
@@ -161,22 +167,31 @@ def run_beam(
     """
     if dropout not in DROPOUT_MODES:
         raise ValueError(f"dropout must be one of {DROPOUT_MODES}, got {dropout!r}")
-    with _search_dropout(model, dropout, net_input["src_tokens"].size(0), beam):
+    with _search_dropout(model, dropout, net_input["src_tokens"].size(0), beam) as dropout_rows:
         return _run_beam(model, net_input, horizon, beam, alpha, normalization, step_costs, augment, hard,
-                         stop_at_eos)
+                         stop_at_eos, dropout_rows)
 
 
 def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, alpha: float, normalization: str,
-              step_costs: Optional[Tensor], augment: bool, hard: bool, stop_at_eos: bool) -> BeamResult:
+              step_costs: Optional[Tensor], augment: bool, hard: bool, stop_at_eos: bool,
+              dropout_rows: Dict[str, int]) -> BeamResult:
+    """The search. Step 0 runs the decoder once per sentence (K = 1: every beam
+    element starts from the same empty prefix, and elements 1..k-1 are dead until
+    the first step fills them) and the first reorder expands its state to k rows;
+    later steps run B x k rows."""
     decoder = model.decoder
     check_plain_output_layer(decoder)
     embedding = decoder_embedding(decoder)
     src = net_input["src_tokens"]
     B, k, device = src.size(0), beam, src.device
     rows = torch.arange(B, device=device).repeat_interleave(k)
-    encoder_out = model.encoder(src, src_lengths=net_input.get("src_lengths"))
-    encoder_out = model.encoder.reorder_encoder_out(encoder_out, rows)
+    first_encoder_out = model.encoder(src, src_lengths=net_input.get("src_lengths"))
+    encoder_out = model.encoder.reorder_encoder_out(first_encoder_out, rows)
     dictionary = decoder.dictionary
+    # one row per sentence at step 0, unless k exceeds the candidates of one row
+    K = 1 if k <= len(dictionary) else k
+    if K == k:
+        first_encoder_out = encoder_out
     eos, pad = dictionary.eos(), dictionary.pad()
     banned = torch.zeros(len(dictionary), dtype=torch.bool, device=device)  # special symbols but EOS
     banned[[dictionary.bos(), pad, dictionary.unk()]] = True
@@ -190,12 +205,11 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
     eye = torch.eye(k, device=device, dtype=dtype).expand(B, k, k)
     identity = torch.arange(k, device=device).expand(B, k)
     padding = torch.full_like(identity, pad)
-    first_row = torch.arange(B, device=device).view(B, 1) * k
     all_rows = torch.ones(B * k, 1, dtype=torch.bool, device=device)
     reorder = SoftReorder(decoder)
     state: Dict = {}
     inputs: Optional[Tensor] = None  # (B*k, E) soft inputs (the hard beam feeds tokens through prev)
-    prev = torch.full((B * k, 1), eos, dtype=torch.long, device=device)
+    prev = torch.full((B * K, 1), eos, dtype=torch.long, device=device)
     back_hist: List[Tensor] = []
     out_hist: List[Tensor] = []
     ended: List[Tensor] = []  # stop_at_eos: (B, k) score of each element that output EOS at step t, else -inf
@@ -204,20 +218,24 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
         for t in range(T):
             if t > 0 and not hard:
                 override.set(all_rows, inputs.unsqueeze(1))
-            logits = decoder(prev, encoder_out=encoder_out, incremental_state=state)[0][:, -1]
-            f = local_scores(logits, normalization).view(B, k, -1)
+            if t == 0:
+                dropout_rows["beam"] = K
+            logits = decoder(prev, encoder_out=first_encoder_out if t == 0 else encoder_out,
+                             incremental_state=state)[0][:, -1]
+            dropout_rows["beam"] = k
+            f = local_scores(logits, normalization).view(B, K, -1)
             if stop_at_eos:
-                f = _length_rules(f, finished, t, horizon, eos, pad, banned[: f.size(-1)])
+                f = _length_rules(f, finished[:, :K], t, horizon, eos, pad, banned[: f.size(-1)])
             d = None if step_costs is None else step_costs[:, t].to(dtype)
             if hard:
-                step = hard_beam_step(scores, f, k, costs, d, augment)
+                step = hard_beam_step(scores[:, :K], f, k, costs[:, :K], d, augment)
             else:
-                step = soft_beam_step(scores, f, alpha, k, costs, d, augment)
+                step = soft_beam_step(scores[:, :K], f, alpha, k, costs[:, :K], d, augment)
             act = (t < horizon).view(B, 1)
             scores = torch.where(act, step.scores, scores)
             costs = torch.where(act, step.costs, costs)
-            mix = torch.where(act.unsqueeze(-1), step.backpointers, eye)
-            back_hist.append(torch.where(act, step.hard_backpointers, identity))
+            mix = torch.where(act.unsqueeze(-1), step.backpointers, eye[..., :K])
+            back_hist.append(torch.where(act, step.hard_backpointers, identity if K == k else 0))
             out_hist.append(torch.where(act, step.hard_outputs, padding))
             if stop_at_eos:
                 now = act & out_hist[-1].eq(eos)
@@ -229,15 +247,23 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
             if t + 1 == T:
                 break
             if hard:
-                order = (first_row + back_hist[-1]).view(-1)
+                order = (torch.arange(B, device=device).view(B, 1) * K + back_hist[-1]).view(-1)
                 decoder.reorder_incremental_state_scripting(state, order)
                 # finished elements (output pad) are fed EOS: their scores no longer change
                 fed = out_hist[-1].masked_fill(out_hist[-1].eq(pad), eos)
                 prev = torch.cat([prev.index_select(0, order), fed.view(-1, 1)], dim=1)
             else:
-                reorder(state, mix.reshape(B * k, k), B)
+                if K < k:
+                    # from one row per sentence: the soft backpointers of a live element are
+                    # sum_w p_i(w) = 1 whatever the scores (no gradient), and a dead element's
+                    # state is never used, so the expansion is fairseq's hard reorder
+                    decoder.reorder_incremental_state_scripting(state, rows)
+                    prev = prev.index_select(0, rows)
+                else:
+                    reorder(state, mix.reshape(B * k, k), B)
                 inputs = (step.outputs @ embedding.weight.to(step.outputs.dtype)).view(B * k, -1)
                 prev = torch.cat([prev, prev[:, -1:]], dim=1)
+            K = k
     if stop_at_eos:
         return _best_ended(ended, ended_costs, back_hist, out_hist, k, pad)
     best = scores.argmax(-1)
