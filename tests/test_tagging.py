@@ -316,21 +316,26 @@ def test_cli_train_generate_score(conll, tmp_path):
     assert js["f1"] > 80.0, js
 
 
-def test_eval_tagging_logs_the_scorers_greedy_f1(conll, tmp_path):
+@pytest.mark.parametrize("search", ["greedy", "soft"])
+def test_eval_tagging_logs_the_scorers_f1(conll, tmp_path, search):
     """--eval-tagging: the validation f1 / tag_acc that fairseq-train logs (and
-    selects checkpoints on) equal score_tagging.py on fairseq-generate's greedy
-    output for the same checkpoint and split."""
+    selects checkpoints on) equal score_tagging.py on fairseq-generate's output for
+    the same checkpoint and split: greedy, or with --eval-tagging-search soft the
+    soft beam (k = 2, alpha 0.3, far from greedy) of --tagging-search soft."""
     cache_dir, save = str(tmp_path / "cache"), str(tmp_path / "ckpt")
     task_args = ["--tag-column", "ner", "--cache-dir", cache_dir]
+    beam = ["--search-alpha", "0.3"]
+    train_search = [] if search == "greedy" else ["--eval-tagging-search", search, "--eval-tagging-beam", "2"] + beam
+    gen_search = ["--beam", "1"] if search == "greedy" else ["--tagging-search", search, "--beam", "2"] + beam
     train = run_cli(["fairseq-train", conll, *TRAIN, *task_args, "--arch", "tagging_lstm_tiny", "--batch-size", "16",
                      "--max-epoch", "4", "--save-dir", save, "--eval-tagging", "--best-checkpoint-metric", "f1",
-                     "--maximize-best-checkpoint-metric", "--log-format", "json", "--no-epoch-checkpoints"],
-                    env=ONE_THREAD)
+                     "--maximize-best-checkpoint-metric", "--log-format", "json", "--no-epoch-checkpoints",
+                     *train_search], env=ONE_THREAD)
     valid = [json.loads(l[l.index("{"):]) for l in train.stdout.splitlines() if "| valid |" in l]
     assert len(valid) == 4 and all("valid_f1" in v and "valid_tag_acc" in v for v in valid)
     gen = run_cli(["fairseq-generate", conll, "--user-dir", "fairseq_ext", "--task", "sequence_tagging",
                    *task_args, "--path", os.path.join(save, "checkpoint_last.pt"), "--gen-subset", "valid",
-                   "--beam", "1", "--batch-size", "7"], env=ONE_THREAD)
+                   *gen_search, "--batch-size", "7"], env=ONE_THREAD)
     out_file = tmp_path / "valid.out"
     out_file.write_text(gen.stdout)
     js = json.loads(run_cli(["python", SCORER, str(out_file), "--json", "-"]).stdout)

@@ -28,6 +28,7 @@ and ``--max-len-b`` are ignored): a tagger never outputs more labels than words;
 ``--beam`` may not exceed the number of labels; batches are not rounded to a
 multiple of ``--required-batch-size-multiple`` (see ``fairseq_ext/tasks/batching.py``).
 """
+import argparse
 import contextlib
 import hashlib
 import json
@@ -84,10 +85,17 @@ class SequenceTaggingConfig(BeamSearchConfig):
     left_pad_source: bool = field(default=False, metadata={"help": "left-pad source batches (default: right)"})
     eval_tagging: bool = field(
         default=False,
-        metadata={"help": "validation also decodes greedily and logs f1 (conlleval chunks) and tag_acc "
-                          "(tokens); select checkpoints with --best-checkpoint-metric f1 (or tag_acc) "
-                          "--maximize-best-checkpoint-metric"},
+        metadata={"help": "validation also decodes (greedily, or as --eval-tagging-search says) and logs f1 "
+                          "(conlleval chunks) and tag_acc (tokens); select checkpoints with "
+                          "--best-checkpoint-metric f1 (or tag_acc) --maximize-best-checkpoint-metric"},
     )
+    eval_tagging_search: ChoiceEnum(["greedy", "hard", "soft"]) = field(
+        default="greedy",
+        metadata={"help": "--eval-tagging's decoder: greedy, or the hard / soft beam of --tagging-search with "
+                          "--eval-tagging-beam elements, --search-normalization and --search-alpha (select "
+                          "checkpoints by the decoder used at test)"},
+    )
+    eval_tagging_beam: int = field(default=3, metadata={"help": "k of --eval-tagging-search hard / soft"})
     tagging_search: ChoiceEnum(["fairseq", "hard", "soft"]) = field(
         default="fairseq",
         metadata={"help": "fairseq-generate's search: fairseq's SequenceGenerator (--beam, renormalised scores), "
@@ -207,6 +215,11 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
         self.src_dict = src_dict
         self.tgt_dict = tgt_dict
         self.cache = cache
+        num_labels = len(tgt_dict) - tgt_dict.nspecial
+        if cfg.eval_tagging and str(cfg.eval_tagging_search) != "greedy" \
+                and not 1 <= cfg.eval_tagging_beam <= num_labels:
+            raise ConfigError(f"--eval-tagging-beam must be in [1, {num_labels}] (the number of labels), "
+                              f"got {cfg.eval_tagging_beam}")
 
     @classmethod
     def setup_task(cls, cfg: SequenceTaggingConfig, **kwargs) -> "SequenceTaggingTask":
@@ -311,13 +324,24 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
         counts of greedy decodes against the gold labels."""
         loss, sample_size, logging_output = super().valid_step(sample, model, criterion)
         if self.cfg.eval_tagging:
-            logging_output.update(self.greedy_tagging_counts(model, sample))
+            logging_output.update(self.tagging_counts(model, sample))
         return loss, sample_size, logging_output
 
-    def greedy_tagging_counts(self, model, sample) -> Dict[str, int]:
-        """Greedy decodes of a batch scored against its targets: chunk counts
-        (gold, predicted, correct, all types) and token counts."""
-        hyps = decode_candidates(model, sample, DecodeConfig(max_len_a=1.0, max_len_b=0)).as_list()
+    def tagging_counts(self, model, sample) -> Dict[str, int]:
+        """Decodes of a batch (greedy, or ``--eval-tagging-search``'s beam) scored
+        against its targets: chunk counts (gold, predicted, correct, all types) and
+        token counts."""
+        search = str(self.cfg.eval_tagging_search)
+        if search == "greedy":
+            hyps = decode_candidates(model, sample, DecodeConfig(max_len_a=1.0, max_len_b=0)).as_list()
+        else:
+            generator = build_beam_generator(self, [model], self.tgt_dict, argparse.Namespace(
+                beam=self.cfg.eval_tagging_beam), search, self.cfg, "--eval-tagging-search")
+            was_training = model.training
+            try:
+                hyps = [h[0]["tokens"] for h in generator.generate([model], sample)]
+            finally:
+                model.train(was_training)
         gold, pred = [], []
         for hyp, ref in zip(hyps, sample["target"]):
             ref = ref[ref.ne(self.tgt_dict.pad())]
