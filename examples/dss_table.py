@@ -4,7 +4,8 @@
 ``dss_table.py WORK_DIR [--suffix S ...] [--metric KEY] [--markdown] NAME [NAME ...]``
 reads WORK_DIR/NAME.sSEED/{valid,test}S.json (scripts/score_tagging.py or
 scripts/score.py output) and prints, per run name, the dev and test metric as
-mean [min, max] over the seeds found, and the number of seeds. Several
+mean [min, max] (``--std``: mean +- sample std) over the seeds found, and the
+number of seeds. Several
 ``--suffix`` give a dev and a test column each (e.g. one per decoding:
 ``--suffix .greedy --suffix .hard --suffix .soft``); seeds count runs with all
 of them scored. The metric: ``--metric KEY`` (e.g. bleu, f1_macro), else F1 for
@@ -38,11 +39,13 @@ def metric(path, key=None):
     return scores[key]
 
 
-def cell(values):
+def cell(values, std=False):
     if not values:
         return "n/a"
     if len(values) == 1:
         return f"{values[0]:.2f}"
+    if std:
+        return mean_std(values)
     return f"{statistics.mean(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
 
 
@@ -121,6 +124,7 @@ def main(argv=None):
                    help="score file suffix, e.g. .beam5 for test.beam5.json; repeat for more column pairs")
     p.add_argument("--metric", default=None)
     p.add_argument("--markdown", action="store_true", help="print a markdown table")
+    p.add_argument("--std", action="store_true", help="mean +- sample std over seeds instead of mean [min, max]")
     p.add_argument("--select", action="store_true", help="print the best-on-dev config of the one NAME")
     p.add_argument("--protocol", action="store_true", help="selected config, best-on-dev restart, all restarts")
     p.add_argument("--grid", action="store_true", help="with --protocol: also the tuning grid")
@@ -145,7 +149,7 @@ def main(argv=None):
         dirs = sorted(d for d in glob.glob(os.path.join(a.work, f"{name}.s*"))
                       if all(os.path.isfile(os.path.join(d, f"{split}{s}.json"))
                              for s in suffixes for split in ("valid", "test")))
-        cells = [cell([metric(os.path.join(d, f"{split}{s}.json"), a.metric) for d in dirs])
+        cells = [cell([metric(os.path.join(d, f"{split}{s}.json"), a.metric) for d in dirs], a.std)
                  for s in suffixes for split in ("valid", "test")]
         rows.append(tuple([name] + cells + [str(len(dirs))]))
     print_table(rows, a.markdown)

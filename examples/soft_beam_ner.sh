@@ -15,8 +15,12 @@
 #   ce_ft: cross-entropy fine-tuning from ce (the control: as many more updates
 #   at the lower lr, no search)
 # "annealed": alpha 1 -> ALPHA_FINAL geometrically over ALPHA_UPDATES updates,
-# then held; "fixed": alpha 1. Every run keeps the checkpoint with the best
-# greedy dev F1 (NER) or tag accuracy (POS) (--eval-tagging). Each model is
+# then held; "fixed": alpha 1. Every run keeps the checkpoint with the best dev
+# F1 (NER) or tag accuracy (POS) under the decoder used at test, SELECT (default
+# the hard beam, k = 3, under the run's normalisation: --eval-tagging-search;
+# "greedy" for greedy decoding), the same rule for the search-aware runs and the
+# ce_ft control; fine-tunes stop early when it has not improved for PATIENCE
+# epochs (at most FT_EPOCHS), pre-training likewise within PRE_EPOCHS. Each model is
 # decoded on dev and test greedy (--beam 1), with the hard beam (k = 3) and the
 # soft beam (k = 3, alpha = the run's final training alpha; 1 for the
 # pre-trained models), scoring under the run's normalisation (global for
@@ -27,7 +31,8 @@
 # beside the next training (DECODE_JOBS of them at most).
 #
 # usage: examples/soft_beam_ner.sh WORK_DIR
-# env: FAIRSEQ_EXT_DATA (required), SEEDS ("1"), PRE_EPOCHS (10), FT_EPOCHS (3),
+# env: FAIRSEQ_EXT_DATA (required), SEEDS ("1 2 3"), PRE_EPOCHS (10), FT_EPOCHS (3),
+#      PATIENCE (3), SELECT (hard | greedy),
 #      ALPHA_FINAL (100), ALPHA_UPDATES (444, two epochs at --max-tokens 1000),
 #      CE_CKPT (e.g. /tmp/ner/work/ce.s%s/checkpoint_best.pt; default: train ce),
 #      DECODE_JOBS (1), ONLY (space-separated run names; default all),
@@ -38,7 +43,9 @@ cd "$(dirname "$0")/.."
 . examples/lib.sh
 WORK=${1:?usage: $0 WORK_DIR}
 : "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
-SEEDS=${SEEDS:-1}
+SEEDS=${SEEDS:-1 2 3}
+PATIENCE=${PATIENCE:-3}
+SELECT=${SELECT:-hard}
 PRE_EPOCHS=${PRE_EPOCHS:-10}
 FT_EPOCHS=${FT_EPOCHS:-3}
 ALPHA_FINAL=${ALPHA_FINAL:-100}
@@ -63,9 +70,14 @@ export OMP_NUM_THREADS=1
 D=$FAIRSEQ_EXT_DATA/conll2003
 mkdir -p "$WORK"
 TASK=(--user-dir fairseq_ext --task sequence_tagging --tag-column "$TAG_COLUMN" --cache-dir "$WORK/cache")
+case "$SELECT" in
+  hard) SELECT_OPTS=(--eval-tagging-search hard --eval-tagging-beam 3) ;;
+  greedy) SELECT_OPTS=() ;;
+  *) echo "SELECT must be hard or greedy" >&2; exit 2 ;;
+esac
 COMMON=(--arch "$ARCH" "${ENCODER_OPTS[@]}" --optimizer adam --max-tokens 1000 --no-epoch-checkpoints
-  --no-save-optimizer-state --num-workers 0 --eval-tagging --best-checkpoint-metric "$BEST"
-  --maximize-best-checkpoint-metric --log-format simple)
+  --no-save-optimizer-state --num-workers 0 --eval-tagging "${SELECT_OPTS[@]}" --best-checkpoint-metric "$BEST"
+  --maximize-best-checkpoint-metric --patience "$PATIENCE" --log-format simple)
 SB="--soft-beam-size 3 $HAMMING"
 FIXED="--soft-beam-alpha 1 --soft-beam-alpha-schedule fixed"
 ANNEALED="--soft-beam-alpha 1 --soft-beam-alpha-schedule exponential --soft-beam-alpha-final $ALPHA_FINAL
@@ -152,8 +164,8 @@ for seed in $SEEDS; do
 done
 wait
 
-MODES=(--suffix .greedy --suffix .hard --suffix .soft)
-echo "Table 4.1 (POS) / 4.2 (NER) layout: $METRIC, mean [min, max] over seeds"
+MODES=(--suffix .greedy --suffix .hard --suffix .soft --std)
+echo "Table 4.1 (POS) / 4.2 (NER) layout: $METRIC, mean +- std over seeds"
 "$PYTHON" examples/dss_table.py "$WORK" "${MODES[@]}" ce ce_ft hinge_annealed hinge_fixed dl_fixed dl_annealed
 echo "Chapter 5: initialisation (ce, sn) x normalisation of the direct-loss fine-tuning, $METRIC"
 "$PYTHON" examples/dss_table.py "$WORK" "${MODES[@]}" ce dl_annealed ce_global sn sn_local sn_global

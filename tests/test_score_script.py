@@ -167,6 +167,9 @@ def test_dss_table_columns_per_suffix(tmp_path):
     assert out[0] == "| run | greedy dev | greedy test | soft dev | soft test | seeds |"
     assert out[2] == ("| run | 81.00 [80.00, 82.00] | 81.00 [80.00, 82.00] | 82.00 [81.00, 83.00] "
                       "| 82.00 [81.00, 83.00] | 2 |")
+    std = subprocess.run([sys.executable, str(table), str(tmp_path), "run", "--suffix", ".greedy", "--std"],
+                         check=True, capture_output=True, text=True).stdout.splitlines()
+    assert std[2].split() == ["run", "81.00", "+-", "1.41", "81.00", "+-", "1.41", "2"]  # sample std of 80, 82
 
 
 def test_dss_table_protocol_selects_on_the_tuning_seed(tmp_path):
