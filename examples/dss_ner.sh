@@ -8,16 +8,13 @@
 # MAX_EPOCH); the checkpoint with the best greedy dev F1 (--eval-tagging) is decoded
 # greedily on dev and test and scored with conlleval semantics.
 #
-# Stages (each skips finished runs, so a rerun resumes; an interrupted training
-# resumes from its checkpoint_last.pt):
-#   tune      seed TUNE_SEED of every system x config: k in KS; alpha fixed in
-#             FIXED_ALPHAS, or annealed from 1 by x GROWTH per epoch (GROWTHS)
-#   restarts  the other SEEDS of each system's best-on-dev config, and of the best
-#             alpha at every k for soft_greedy_annealed (Table 3.2)
-#   table     examples/dss_table.py --protocol: the best-on-dev restart (the thesis's
-#             rule) and the mean +- std of all restarts, per system; the tuning grid
-#
-# Run directories: WORK/SYSTEM.CONFIG.sSEED (CONFIG: base, kK, kK_aA, kK_gG, gG).
+# Stages: examples/lib.sh's dss_protocol (tune: the first seed of every system x
+# config, k in KS, alpha fixed in FIXED_ALPHAS or annealed from 1 by x G per epoch
+# for G in GROWTHS; restarts: the other SEEDS of each system's best-on-dev config,
+# and of the best alpha at every k for Table 3.2; table: the best-on-dev restart
+# and the mean +- std of all restarts). Each skips finished runs, so a rerun
+# resumes; an interrupted training resumes from its checkpoint_last.pt. Run
+# directories: WORK/SYSTEM.CONFIG.sSEED.
 #
 # usage: examples/dss_ner.sh WORK_DIR
 # env: FAIRSEQ_EXT_DATA (required), SEEDS ("1 2 3"; the first is the tuning seed),
