@@ -115,11 +115,15 @@ def compare(systems: Dict[str, List[tuple[List[str], List[str], List[str]]]], co
     metrics = ["bleu"] + sentence_metrics
     out = {}
     for label, runs in systems.items():
-        per_seed = [{"bleu": sacrebleu.corpus_bleu(h, [r]).score, **{k: float(v.mean()) for k, v in vals.items()}}
-                    for (h, r, _), vals in zip(runs, values[label])]
+        corpus = [sacrebleu.corpus_bleu(h, [r]) for h, r, _ in runs]
+        per_seed = [{"bleu": b.score, **{k: float(v.mean()) for k, v in vals.items()}}
+                    for b, vals in zip(corpus, values[label])]
         stats = {k: mean_std([row[k] for row in per_seed]) for k in metrics}
+        details = [{"bp": b.bp, "len_ratio": b.sys_len / b.ref_len,
+                    **{f"prec{n + 1}": b.precisions[n] for n in range(4)}} for b in corpus]
         out[label] = {"seeds": len(runs), "per_seed": per_seed, "mean": {k: v[0] for k, v in stats.items()},
-                      "std": {k: v[1] for k, v in stats.items()}}
+                      "std": {k: v[1] for k, v in stats.items()},
+                      "bleu_details": {k: mean_std([d[k] for d in details])[0] for k in details[0]}}
     for label, runs in systems.items():
         if label == control:
             continue
@@ -159,6 +163,19 @@ def markdown(result: dict, control: str, metrics: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def markdown_bleu_details(result: dict) -> str:
+    """Corpus BLEU's parts, mean over seeds: brevity penalty, hypothesis / reference
+    length ratio and the 1- to 4-gram precisions (where a BLEU difference comes
+    from: length or n-gram matches)."""
+    keys = ["bp", "len_ratio", "prec1", "prec2", "prec3", "prec4"]
+    lines = ["| system | BP | length ratio | 1-gram prec | 2-gram | 3-gram | 4-gram |", "|" + "---|" * 7]
+    for label, e in result.items():
+        d = e["bleu_details"]
+        lines.append("| " + " | ".join([label] + [f"{d[k]:.3f}" if k in ("bp", "len_ratio") else f"{d[k]:.2f}"
+                                                  for k in keys]) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -172,6 +189,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--max-len", type=int, default=None,
                         help="text completion: the decoding limit; adds the metric nonterm (hypotheses of this "
                              "many tokens did not end)")
+    parser.add_argument("--bleu-details", action="store_true",
+                        help="also a table of corpus BLEU's parts: brevity penalty, length ratio, n-gram precisions")
     parser.add_argument("--json", default=None, help="write the full result here")
     args = parser.parse_args(argv)
     metrics = args.metrics.split(",")
@@ -193,6 +212,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         parser.error(f"--control {args.control!r} is not one of {list(systems)}")
     result = compare(systems, args.control, args.bootstrap, args.max_len)
     print(markdown(result, args.control, metrics))
+    if args.bleu_details:
+        print()
+        print(markdown_bleu_details(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 

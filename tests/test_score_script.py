@@ -208,6 +208,23 @@ def _generate_output(hyps, refs):
     return "".join(f"S-{i}\tsrc\nT-{i}\t{r}\nH-{i}\t-0.5\t{h}\nD-{i}\t-0.5\t{h}\n" for i, (h, r) in enumerate(zip(hyps, refs)))
 
 
+def test_compare_runs_bleu_details_by_hand(tmp_path):
+    """--bleu-details: a system that drops the last of 6 reference words in every
+    sentence has every n-gram precision 100, length ratio 5/6 and brevity penalty
+    exp(1 - 6/5) = 0.819; the exact copy has 1, 1 and 100."""
+    from conftest import run_cli
+
+    refs = [f"w{i} a b c d e" for i in range(30)]
+    exact, short = tmp_path / "exact.out", tmp_path / "short.out"
+    exact.write_text(_generate_output(refs, refs))
+    short.write_text(_generate_output([r.rsplit(" ", 1)[0] for r in refs], refs))
+    out = run_cli(["python", str(Path(__file__).resolve().parents[1] / "scripts" / "compare_runs.py"),
+                   "--control", "exact", f"exact={exact}", f"short={short}", "--bleu-details", "--bootstrap", "50"]
+                  ).stdout.splitlines()
+    assert out[-2] == "| exact | 1.000 | 1.000 | 100.00 | 100.00 | 100.00 | 100.00 |"
+    assert out[-1] == "| short | 0.819 | 0.833 | 100.00 | 100.00 | 100.00 | 100.00 |"
+
+
 def test_compare_runs_means_and_paired_tests(tmp_path):
     """scripts/compare_runs.py on written runs of 60 sentences, two seeds each: a
     system equal to the references has BLEU 100, edit 0 and length 6 in every seed
