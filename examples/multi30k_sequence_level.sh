@@ -10,8 +10,9 @@
 # (fairseq's --eval-bleu), in each fine-tune's log; scripts/plot_log.py draws them.
 #
 # The paper: IWSLT'14 De-En, a converged transformer, fine-tuned with MGS for about 2
-# epochs; we keep its settings where they apply (K = 4 candidates, alpha 100, the
-# mixture proposal, alternating MLE updates; docs/mgs.md lists the differences).
+# epochs; we keep its settings where they apply (K = 4 candidates, alpha 100, noise
+# 1, the mixture proposal; docs/mgs.md lists the differences). (Before 2026-11-25 the
+# MGS rows ran at the package's alpha 1, where the candidate weights are uniform.)
 #
 # A rerun skips finished trainings and resumes interrupted ones (fine-tunes start from
 # the MLE model with --finetune-from-model, only on their first launch, and save every
@@ -53,11 +54,11 @@ if ! finished "$WORK/mle.log"; then
 fi
 BASE="$WORK/mle/checkpoint_best.pt"
 
-criterion_args() {  # the criterion of a method, with the package's defaults
+criterion_args() {  # the criterion of a method: the package's defaults, and the paper's alpha for MGS
   case $1 in
     mle_cont) echo "--criterion label_smoothed_cross_entropy --label-smoothing 0.1" ;;
-    mgs_sbleu) echo "--criterion mgs --mgs-task-loss sbleu" ;;
-    mgs_edit) echo "--criterion mgs --mgs-task-loss edit" ;;
+    mgs_sbleu) echo "--criterion mgs --mgs-task-loss sbleu --mgs-alpha 100" ;;  # the paper's alpha for MT
+    mgs_edit) echo "--criterion mgs --mgs-task-loss edit --mgs-alpha 100" ;;
     mrt) echo "--criterion mrt --mrt-task-loss sbleu" ;;
     pg) echo "--criterion pg --pg-task-loss sbleu" ;;
     *) echo "unknown method $1" >&2; return 1 ;;
@@ -95,14 +96,11 @@ done
 
 for beam in 1 5; do
   specs=()
-  for name in $METHODS; do
-    files=()
-    for seed in $SEEDS; do files+=("$WORK/gen/$name.s$seed.beam$beam.out"); done
-    specs+=("$name=$(IFS=,; echo "${files[*]}")")
-  done
+  for name in $METHODS; do specs+=("$(seed_spec "$name" "$WORK/gen/$name.s@SEED@.beam$beam.out")"); done
   echo
   echo "test, beam $beam (MLE base model: see $WORK/gen/mle.beam$beam.out)"
-  "$PYTHON" scripts/compare_runs.py --control mle_cont "${specs[@]}" --json "$WORK/compare.beam$beam.json" \
+  "$PYTHON" scripts/compare_runs.py --control mle_cont "${specs[@]}" --bleu-details \
+    --json "$WORK/compare.beam$beam.json" \
     | tee "$WORK/compare.beam$beam.md"
   "$PYTHON" scripts/score.py "$WORK/gen/mle.beam$beam.out" --json "$WORK/gen/mle.beam$beam.json" > /dev/null
 done
