@@ -12,8 +12,10 @@
 #   ce  cross-entropy
 #   sn  self_normalized_ce, lambda 0.1 (the init for global normalisation)
 # Fine-tuning from the best checkpoint of one of them (FT_UPDATES updates, Adam at
-# FT_LR, fresh optimizer, update counter and meters; no validation, the last
-# checkpoint is kept), the same budget for all:
+# FT_LR, fresh optimizer, update counter and meters), the same budget for all, each
+# validated every VALID_EVERY updates by dev BLEU under the decoder used at test
+# (our hard beam, k = 3, the run's normalisation: --task translation_search
+# --eval-bleu), the best such checkpoint kept (the same rule for the control):
 #   ce_ft                 cross-entropy from ce (the control: as many more updates
 #                         at the lower lr, no search)
 #   ce_local, ce_global   soft_beam_direct_loss from ce, local / global scores
@@ -32,16 +34,20 @@
 # BLEU: scripts/score.py (sacreBLEU corpus BLEU, 13a, on the detokenized D- lines).
 # Also: log Z mean / variance of ce and sn on train and dev (scripts/log_z.py).
 #
+# Seeds: SEEDS (pre-training and fine-tuning seed); scripts/compare_runs.py then
+# compares every fine-tune's hard-beam test output with ce_ft's, seed by seed
+# (sacreBLEU's paired bootstrap, pooled over the seeds).
+#
 # One training job at a time; the decodes of a model run in the background beside
 # the next training (DECODE_JOBS of them at most). A stage that finished is
-# skipped (WORK_DIR/NAME.s1/trained, .../done).
+# skipped (WORK_DIR/NAME.sSEED/trained, .../done).
 #
 # usage: examples/soft_beam_mt.sh WORK_DIR
 # env: FAIRSEQ_EXT_DATA (required), VOCAB (2000), EMBED (128), HIDDEN (256),
 #      PRE_UPDATES (835, five epochs of 167 updates), FT_UPDATES (100),
 #      FT_LR (0.0001; at 0.001, soft_beam_ner.sh's, the direct loss wrecks the
 #      model: docs/soft_beam.md), ALPHA_FINAL (100), ALPHA_UPDATES (67),
-#      SEED (1), DECODE_JOBS (1),
+#      VALID_EVERY (25), SEEDS ("1 2 3"), DECODE_JOBS (1),
 #      ONLY (space-separated run names; default all: ce sn ce_ft ce_local ce_global
 #      sn_local sn_global)
 set -euo pipefail
@@ -57,7 +63,8 @@ FT_UPDATES=${FT_UPDATES:-100}
 FT_LR=${FT_LR:-0.0001}
 ALPHA_FINAL=${ALPHA_FINAL:-100}
 ALPHA_UPDATES=${ALPHA_UPDATES:-67}
-SEED=${SEED:-1}
+SEEDS=${SEEDS:-1 2 3}
+VALID_EVERY=${VALID_EVERY:-25}
 DECODE_JOBS=${DECODE_JOBS:-1}
 PYTHON=${PYTHON:-python}
 export OMP_NUM_THREADS=1
@@ -66,7 +73,7 @@ D=$WORK/data/bin
 
 [ -d "$D" ] || bash scripts/prepare_multi30k.sh "$FAIRSEQ_EXT_DATA/multi30k" "$WORK/data" "$VOCAB" \
   > "$WORK/prepare.log" 2>&1
-MODEL=(--user-dir fairseq_ext --task translation --arch lstm --encoder-layers 1 --decoder-layers 1
+MODEL=(--user-dir fairseq_ext --arch lstm --encoder-layers 1 --decoder-layers 1
   --encoder-bidirectional --encoder-embed-dim "$EMBED" --encoder-hidden-size "$HIDDEN"
   --decoder-embed-dim "$EMBED" --decoder-hidden-size "$HIDDEN" --decoder-out-embed-dim "$EMBED" --dropout 0.2
   --optimizer adam --clip-norm 1.0 --max-tokens 4000 --num-workers 0 --no-epoch-checkpoints
@@ -111,6 +118,7 @@ logz() {  # dir: log Z statistics of a checkpoint on train and dev (Table 5.1)
     --valid-subset train,valid --max-tokens 4000 --num-workers 0 > "$1/logz.log" 2>&1
 }
 
+for SEED in $SEEDS; do
 for name in $ONLY; do
   dir="$WORK/$name.s$SEED"
   # (one line for read: options continued on a second line would be dropped)
@@ -123,16 +131,21 @@ for name in $ONLY; do
     start=$(date +%s)
     if [ "$init" = - ]; then
       # shellcheck disable=SC2086
-      fairseq-train "$D" "${MODEL[@]}" $opts --lr 0.002 --max-update "$PRE_UPDATES" \
+      fairseq-train "$D" "${MODEL[@]}" --task translation $opts --lr 0.002 --max-update "$PRE_UPDATES" \
         --save-dir "$dir" --seed "$SEED" > "$dir.train.log" 2>&1
     else
       # fine-tune: fresh optimizer, lr schedule, meters and update counter (the alpha schedule;
-      # --finetune-from-model, first launch: the directory is new); keep the last checkpoint
+      # --finetune-from-model, first launch: the directory is new); keep the checkpoint with the
+      # best dev BLEU under the hard beam (k = 3) with the run's normalisation
       # shellcheck disable=SC2086
-      fairseq-train "$D" "${MODEL[@]}" $opts --lr "$FT_LR" --max-update "$FT_UPDATES" --disable-validation \
-        --finetune-from-model "$WORK/$init.s$SEED/checkpoint_best.pt" \
+      fairseq-train "$D" "${MODEL[@]}" --task translation_search --translation-search hard \
+        --search-normalization "$norm" $opts --lr "$FT_LR" --max-update "$FT_UPDATES" \
+        --validate-interval-updates "$VALID_EVERY" --save-interval-updates "$VALID_EVERY" \
+        --keep-interval-updates 1 --eval-bleu --eval-bleu-args '{"beam": 3, "max_len_a": 1.2, "max_len_b": 10}' \
+        --eval-bleu-detok space --eval-bleu-remove-bpe sentencepiece --best-checkpoint-metric bleu \
+        --maximize-best-checkpoint-metric --finetune-from-model "$WORK/$init.s$SEED/checkpoint_best.pt" \
         --save-dir "$dir" --seed "$SEED" > "$dir.train.log" 2>&1
-      mv "$dir/checkpoint_last.pt" "$dir/checkpoint_best.pt"
+      rm -f "$dir"/checkpoint_*_*.pt
     fi
     rm -f "$dir/checkpoint_last.pt"
     touch "$dir/trained"
@@ -141,60 +154,26 @@ for name in $ONLY; do
   throttle "$DECODE_JOBS"
   { [ "$init" != - ] || logz "$dir"; decode "$dir" "$init" "$norm"; echo "decoded: $name ($(date -u +%H:%M:%S))"; } &
 done
+done
 wait
 
-echo "All decodings, sacreBLEU (dev = val, test = test2016)"
-"$PYTHON" examples/dss_table.py "$WORK" --suffix .greedy --suffix .hard ce sn
-"$PYTHON" examples/dss_table.py "$WORK" --suffix .greedy --suffix .hard --suffix .soft ce_ft ce_local ce_global \
-  sn_local sn_global
-"$PYTHON" - "$WORK" "$SEED" <<'PY'
-# Table 5.4 layout (test BLEU, dev in parentheses) and output lengths
-import json, os, sys
-import sacrebleu
-work, seed = sys.argv[1], sys.argv[2]
-
-def bleu(name, split, mode):
-    path = os.path.join(work, f"{name}.s{seed}", f"{split}.{mode}.json")
-    return json.load(open(path))["bleu"] if os.path.isfile(path) else None
-
-def cell(name, mode):
-    t, d = bleu(name, "test", mode), bleu(name, "valid", mode)
-    return "n/a" if t is None or d is None else f"{t:.2f} ({d:.2f})"
-
-rows = [("pretrain-greedy", "ce", "sn", "greedy"), ("pretrain-beam", "ce", "sn", "hard"),
-        ("CE continued (control)", "ce_ft", None, "soft"),
-        ("locally normalized", "ce_local", "sn_local", "soft"),
-        ("globally normalized", "ce_global", "sn_global", "soft")]
-print("\nTable 5.4 layout, beam 3: test BLEU (dev BLEU)")
-print("| row | Regular (CE init) | Self-normalized init |\n|---|---|---|")
-for label, reg, sn, mode in rows:
-    print(f"| {label} | {cell(reg, mode) + f' `{reg}` {mode}'} | "
-          f"{(cell(sn, mode) + f' `{sn}` {mode}') if sn else 'n/a'} |")
-
-def lengths(name, split, mode):
-    path = os.path.join(work, f"{name}.s{seed}", f"{split}.{mode}.gen")
-    if not os.path.isfile(path):
-        return None
-    hyp, ref = {}, {}
-    for line in open(path, encoding="utf-8"):
-        parts = line.rstrip("\n").split("\t")
-        if line.startswith("D-"):
-            hyp[int(parts[0][2:])] = parts[2] if len(parts) > 2 else ""
-        elif line.startswith("T-"):
-            ref[int(parts[0][2:])] = parts[1] if len(parts) > 1 else ""
-    ids = sorted(ref)
-    b = sacrebleu.corpus_bleu([hyp[i] for i in ids], [[ref[i] for i in ids]])
-    words = sum(len(hyp[i].split()) for i in ids) / len(ids)
-    return words, b.sys_len / b.ref_len
-
-print("\nOutput length: mean words per hypothesis, length ratio (sacreBLEU sys_len / ref_len), test (dev)")
-print("| run | decoding | test words | test ratio | dev words | dev ratio |\n|---|---|---|---|---|---|")
-for name in ("ce", "sn", "ce_ft", "ce_local", "ce_global", "sn_local", "sn_global"):
-    for mode in ("greedy", "hard", "soft"):
-        t, d = lengths(name, "test", mode), lengths(name, "valid", mode)
-        if t and d:
-            print(f"| {name} | {mode} | {t[0]:.2f} | {t[1]:.3f} | {d[0]:.2f} | {d[1]:.3f} |")
-PY
+echo "All decodings, sacreBLEU (dev = val, test = test2016), mean +- std over seeds"
+"$PYTHON" examples/dss_table.py "$WORK" --std --suffix .greedy --suffix .hard ce sn
+"$PYTHON" examples/dss_table.py "$WORK" --std --suffix .greedy --suffix .hard --suffix .soft ce_ft ce_local \
+  ce_global sn_local sn_global
+# Table 5.4 layout: the fine-tunes against the control, test, paired by seed
+FT=""
+for name in ce_ft ce_local ce_global sn_local sn_global; do [[ " $ONLY " == *" $name "* ]] && FT+=" $name"; done
+if [[ " $FT " == *" ce_ft "* ]]; then
+  for mode in hard soft; do
+    specs=()
+    for name in $FT; do specs+=("$(seed_spec "$name" "$WORK/$name.s@SEED@/test.$mode.gen")"); done
+    echo
+    echo "test, $mode beam k = 3, against ce_ft (sacreBLEU paired bootstrap; BLEU's parts below)"
+    "$PYTHON" scripts/compare_runs.py --control ce_ft "${specs[@]}" --bleu-details \
+      --json "$WORK/compare.$mode.json" | tee "$WORK/compare.$mode.md"
+  done
+fi
 echo "Table 5.1 layout: log Z on train / dev"
 for f in "$WORK"/{ce,sn}.s*/logz.log; do
   [ -e "$f" ] && grep -o "valid on '[a-z]*' subset.*log_z_var [0-9.e+-]*" "$f" | sed "s|^|$(basename "$(dirname "$f")"): |"
