@@ -274,3 +274,38 @@ def test_compare_runs_means_and_paired_tests(tmp_path):
     assert res["long"]["per_seed"][0]["nonterm"] == 0.5 and res["long"]["per_seed"][1]["nonterm"] == 0.0
     assert res["perfect"]["mean"]["nonterm"] == 0.0 and res["long"]["diff"]["nonterm"] == pytest.approx(0.25)
     assert res["long"]["p_value"]["nonterm"][0] < 0.01 and res["long"]["p_value"]["nonterm"][1] == 1.0
+
+
+def test_keep_results_keeps_scores_and_validation_lines_only(tmp_path):
+    """scripts/keep_results.py: score JSON and tables are copied whole, a training log keeps only its
+    validation / epoch-end / done lines, checkpoints, generated text and the data directory stay behind;
+    a recipe run restored from the kept files counts as scored (dss_table.py reads it)."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "keep_results.py"
+    table = Path(__file__).resolve().parents[1] / "examples" / "dss_table.py"
+    work, dest = tmp_path / "work", tmp_path / "kept"
+    run = work / "ss.k10.s1"
+    run.mkdir(parents=True)
+    (work / "data" / "bin").mkdir(parents=True)
+    (work / "data" / "bin" / "dict.txt").write_text("a 1\n")
+    for split, f1 in (("valid", 81.0), ("test", 75.0)):
+        (run / f"{split}.json").write_text(json.dumps({"scheme": "chunk", "f1": f1}))
+    (run / "checkpoint_best.pt").write_bytes(b"\0" * 10)
+    (run / "test.gen").write_text("H-0\t-0.1\tO O\n")
+    (run / "test.gen.log").write_text("generate noise\n")
+    (work / "table.md").write_text("| ss | k10 |\n")
+    (work / "ss.k10.s1.train.log").write_text(
+        "2026 | INFO | train_inner | epoch 001:  50 / 222 loss=0.3\n"
+        "2026 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 0.33 | f1 52.49\n"
+        "2026 | INFO | fairseq_cli.train | end of epoch 1 (average epoch stats below)\n"
+        "2026 | INFO | train | epoch 001 | loss 0.5\n"
+        "2026 | INFO | fairseq_cli.train | done training in 139.7 seconds\n")
+    subprocess.run([sys.executable, str(script), str(work), str(dest)], check=True, capture_output=True)
+    kept = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert kept == ["ss.k10.s1.train.log", "ss.k10.s1/test.json", "ss.k10.s1/valid.json", "table.md"]
+    assert (dest / "ss.k10.s1.train.log").read_text().splitlines() == [
+        "2026 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 0.33 | f1 52.49",
+        "2026 | INFO | fairseq_cli.train | end of epoch 1 (average epoch stats below)",
+        "2026 | INFO | fairseq_cli.train | done training in 139.7 seconds"]
+    rows = subprocess.run([sys.executable, str(table), str(dest), "ss", "--protocol", "--markdown"], check=True,
+                          capture_output=True, text=True).stdout.splitlines()
+    assert rows[2].startswith("| ss | k10 | 81.00 | 75.00 |")
