@@ -6,7 +6,8 @@ file (``*.json``, e.g. scripts/score.py / score_tagging.py output and
 compare_runs.py tables) and every ``*.md`` table of WORK into DEST, and of every
 training log (``*.log`` beside a run) only the lines a table or a reader of the
 protocol needs: fairseq's validation lines, the epoch ends and the final
-"done training" line. Checkpoints, binarized data and generated text stay behind.
+"done training" line (a log with none of them is left out). Checkpoints,
+binarized data and generated text stay behind.
 
 Why: a session's machine is not kept between sessions, and a protocol (tune, then
 restarts, then the table; docs/*.md) can take longer than one session. The recipes
@@ -53,13 +54,16 @@ def main(argv=None):
             print(f"{how}\t{rel}")
             continue
         src, dst = os.path.join(args.work, rel), os.path.join(args.dest, rel)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
         if how == "copy":
             shutil.copyfile(src, dst)
-        else:
-            with open(src, errors="replace") as f, open(dst, "w") as g:
-                g.writelines(line for line in f if LOG_LINES.search(line))
-    print(f"{len(files)} files {'would be ' if args.dry_run else ''}kept from {args.work} in {args.dest}",
+            continue
+        with open(src, errors="replace") as f:
+            lines = [line for line in f if LOG_LINES.search(line)]
+        if lines:  # a log without a validation line (a decode's, a data step's) is not worth keeping
+            with open(dst, "w") as g:
+                g.writelines(lines)
+    print(f"{len(files)} files {'would be ' if args.dry_run else ''}looked at in {args.work}, kept in {args.dest}",
           file=sys.stderr)
 
 

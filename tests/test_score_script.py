@@ -293,6 +293,7 @@ def test_keep_results_keeps_scores_and_validation_lines_only(tmp_path):
     (run / "test.gen").write_text("H-0\t-0.1\tO O\n")
     (run / "test.gen.log").write_text("generate noise\n")
     (work / "table.md").write_text("| ss | k10 |\n")
+    (work / "prepare.log").write_text("2026 | INFO | fairseq_cli.preprocess | wrote 10 lines\n")
     (work / "ss.k10.s1.train.log").write_text(
         "2026 | INFO | train_inner | epoch 001:  50 / 222 loss=0.3\n"
         "2026 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 0.33 | f1 52.49\n"
