@@ -59,7 +59,7 @@ def read_system(path: str, text: bool, refs: Optional[List[str]]) -> tuple[List[
             raise SystemExit(f"compare_runs: {path}: {len(hyps)} lines, --ref has {len(refs or [])}")
         return hyps, refs, hyps
     try:
-        with open(path, encoding="utf-8") as f:
+        with score_script.open_text(path) as f:  # PATH or, as keep_results.py keeps it, PATH.gz
             hyps, gen_refs, raw, _ = score_script.read_generate_output(f, path)
     except FileNotFoundError:
         raise SystemExit(f"compare_runs: {path}: no such file") from None

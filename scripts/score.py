@@ -12,8 +12,10 @@ from ``fairseq_ext/core/task_losses.py``; corpus BLEU from sacrebleu.
 from __future__ import annotations
 
 import argparse
+import gzip
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional, TextIO
@@ -112,10 +114,20 @@ def read_generate_output(stream: TextIO, name: str) -> tuple[list[str], list[str
     return [hyps[i] for i in ids], [refs[i] for i in ids], [raw[i] for i in ids], [srcs.get(i, "") for i in ids]
 
 
+def open_text(path: str) -> TextIO:
+    """Open a text file for reading; ``PATH.gz`` (scripts/keep_results.py --gen keeps generated text
+    gzipped) is read when PATH itself is absent. FileNotFoundError names PATH."""
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        path += ".gz"
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
 def read_lines(path: str) -> list[str]:
     """Lines of a text file without newlines; ScoreError naming it if missing."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_text(path) as f:
             return [line.rstrip("\n") for line in f]
     except FileNotFoundError:
         raise ScoreError(f"{path}: no such file") from None
@@ -279,7 +291,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             where = "<stdin>"
         else:
             try:
-                with open(args.generate_output, encoding="utf-8") as f:
+                with open_text(args.generate_output) as f:
                     hyps, refs, raw_hyps, srcs = read_generate_output(f, args.generate_output)
             except FileNotFoundError:
                 raise ScoreError(f"{args.generate_output}: no such file") from None

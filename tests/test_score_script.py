@@ -1,4 +1,5 @@
 """Runs scripts/score.py as a subprocess on hand-written inputs."""
+import gzip
 import json
 import subprocess
 import sys
@@ -310,3 +311,42 @@ def test_keep_results_keeps_scores_and_validation_lines_only(tmp_path):
     rows = subprocess.run([sys.executable, str(table), str(dest), "ss", "--protocol", "--markdown"], check=True,
                           capture_output=True, text=True).stdout.splitlines()
     assert rows[2].startswith("| ss | k10 | 81.00 | 75.00 |")
+
+
+def test_keep_results_gen_keeps_what_a_paired_bootstrap_reads(tmp_path):
+    """--gen: the named fairseq-generate outputs are kept gzipped with only their T-/H-/D- lines, other
+    generated text stays behind, and compare_runs.py, given the original .gen path, reads the kept .gz
+    and gives the same BLEU and bootstrap p-values as from the original file."""
+    root = Path(__file__).resolve().parents[1]
+    work, dest = tmp_path / "work", tmp_path / "kept"
+    refs = ["a man rides a red bike down the street", "two dogs play in the park today",
+            "the woman reads a long book", "children run on the beach"]
+    hyps = {"ce": ["a man rides a bike down the street", "two dogs play in a park", "the woman reads a book",
+                   "children run on the sand"],
+            "sys": ["a man rides a red bike on the street", "two dogs play in the park", "a woman reads a long book",
+                    "kids run on the beach"]}
+    for name, lines in hyps.items():
+        run = work / f"{name}.s1"
+        run.mkdir(parents=True)
+        out = []
+        for i, (h, r) in enumerate(zip(lines, refs)):
+            out += [f"S-{i}\tsource words {i}", f"T-{i}\t{r}", f"H-{i}\t-0.5\t{h}", f"D-{i}\t-0.5\t{h}",
+                    f"P-{i}\t" + " ".join(["-0.5"] * (len(h.split()) + 1))]
+        (run / "test.beam5.gen").write_text("\n".join(out) + "\nGenerate test with beam=5: BLEU4 = 1.0\n")
+        (run / "valid.beam5.gen").write_text("\n".join(out) + "\n")
+    subprocess.run([sys.executable, str(root / "scripts" / "keep_results.py"), str(work), str(dest),
+                    "--gen", "test.beam*.gen"], check=True, capture_output=True)
+    kept = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert kept == ["ce.s1/test.beam5.gen.gz", "sys.s1/test.beam5.gen.gz"]
+    with gzip.open(dest / "sys.s1" / "test.beam5.gen.gz", "rt") as f:
+        assert [line.split("\t")[0] for line in f] == [f"{k}-{i}" for i in range(4) for k in "THD"]
+
+    def bleu(where):
+        out = subprocess.run([sys.executable, str(root / "scripts" / "compare_runs.py"), "--control", "ce",
+                              f"ce={where}/ce.s1/test.beam5.gen", f"sys={where}/sys.s1/test.beam5.gen",
+                              "--metrics", "bleu", "--bootstrap", "50", "--json", str(tmp_path / "c.json")],
+                             check=True, capture_output=True, text=True)
+        return json.loads((tmp_path / "c.json").read_text())["sys"]
+    original, restored = bleu(work), bleu(dest)
+    assert original == restored
+    assert original["mean"]["bleu"] > original["diff"]["bleu"] > 0
