@@ -5,7 +5,8 @@
 reads WORK_DIR/NAME.sSEED/{valid,test}S.json (scripts/score_tagging.py or
 scripts/score.py output) and prints, per run name, the dev and test metric as
 mean [min, max] (``--std``: mean +- sample std) over the seeds found, and the
-number of seeds. Several
+number of seeds; ``--control NAME`` adds each run's test difference of means
+against NAME and the two-sided p of Welch's t-test over the seeds. Several
 ``--suffix`` give a dev and a test column each (e.g. one per decoding:
 ``--suffix .greedy --suffix .hard --suffix .soft``); seeds count runs with all
 of them scored. The metric: ``--metric KEY`` (e.g. bleu, f1_macro), else F1 for
@@ -25,6 +26,7 @@ NAME.CONFIG.sSEED, CONFIG without dots (e.g. ``soft_greedy_fixed.k10_a1.s2``):
 import argparse
 import glob
 import json
+import math
 import os
 import re
 import statistics
@@ -77,6 +79,49 @@ def mean_std(values):
     return f"{statistics.mean(values):.2f} +- {statistics.stdev(values):.2f}"
 
 
+def _betacf(a, b, x, iters=300, eps=1e-15):
+    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, iters + 1):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < eps:
+            break
+    return h
+
+
+def betainc(a, b, x):
+    """Regularized incomplete beta I_x(a, b)."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def welch(xs, ys):
+    """(mean(xs) - mean(ys), two-sided p of Welch's t-test); p is None with fewer than 2 values a side
+    or no variance."""
+    diff = statistics.mean(xs) - statistics.mean(ys)
+    if len(xs) < 2 or len(ys) < 2:
+        return diff, None
+    vx, vy = statistics.variance(xs) / len(xs), statistics.variance(ys) / len(ys)
+    if vx + vy == 0:
+        return diff, None
+    t = diff / math.sqrt(vx + vy)
+    df = (vx + vy) ** 2 / (vx ** 2 / (len(xs) - 1) + vy ** 2 / (len(ys) - 1))
+    return diff, betainc(df / 2.0, 0.5, df / (df + t * t))
+
+
 def print_table(rows, markdown):
     n = len(rows[0])
     widths = [max(len(r[i]) for r in rows) for i in range(n)]
@@ -125,6 +170,9 @@ def main(argv=None):
     p.add_argument("--metric", default=None)
     p.add_argument("--markdown", action="store_true", help="print a markdown table")
     p.add_argument("--std", action="store_true", help="mean +- sample std over seeds instead of mean [min, max]")
+    p.add_argument("--control", default=None,
+                   help="add, per suffix, the test difference of means against this run name and Welch's "
+                        "t-test p over seeds (two-sided)")
     p.add_argument("--select", action="store_true", help="print the best-on-dev config of the one NAME")
     p.add_argument("--protocol", action="store_true", help="selected config, best-on-dev restart, all restarts")
     p.add_argument("--grid", action="store_true", help="with --protocol: also the tuning grid")
@@ -144,13 +192,27 @@ def main(argv=None):
         return
     suffixes = a.suffix or [""]
     head = [f"{s.lstrip('.')} {split}".strip() for s in suffixes for split in ("dev", "test")]
+    if a.control:
+        head += [f"{s.lstrip('.')} test vs {a.control}".strip() for s in suffixes]
     rows = [tuple(["run"] + head + ["seeds"])]
-    for name in a.names:
+
+    def scored(name):
         dirs = sorted(d for d in glob.glob(os.path.join(a.work, f"{name}.s*"))
                       if all(os.path.isfile(os.path.join(d, f"{split}{s}.json"))
                              for s in suffixes for split in ("valid", "test")))
-        cells = [cell([metric(os.path.join(d, f"{split}{s}.json"), a.metric) for d in dirs], a.std)
-                 for s in suffixes for split in ("valid", "test")]
+        return dirs, {s: {split: [metric(os.path.join(d, f"{split}{s}.json"), a.metric) for d in dirs]
+                          for split in ("valid", "test")} for s in suffixes}
+    control = scored(a.control)[1] if a.control else None
+    for name in a.names:
+        dirs, values = scored(name)
+        cells = [cell(values[s][split], a.std) for s in suffixes for split in ("valid", "test")]
+        if a.control:
+            for s in suffixes:
+                if name == a.control or not values[s]["test"] or not control[s]["test"]:
+                    cells.append("")
+                    continue
+                diff, pval = welch(values[s]["test"], control[s]["test"])
+                cells.append(f"{diff:+.2f}" + ("" if pval is None else f", p = {pval:.2f}"))
         rows.append(tuple([name] + cells + [str(len(dirs))]))
     print_table(rows, a.markdown)
 

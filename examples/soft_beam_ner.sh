@@ -166,14 +166,19 @@ for seed in $SEEDS; do
 done
 wait
 
-MODES=(--suffix .greedy --suffix .hard --suffix .soft --std)
+MODES=(--suffix .greedy --suffix .hard --suffix .soft --std --control ce_ft)
 echo "Table 4.1 (POS) / 4.2 (NER) layout: $METRIC, mean +- std over seeds"
-"$PYTHON" examples/dss_table.py "$WORK" "${MODES[@]}" ce ce_ft hinge_annealed hinge_fixed dl_fixed dl_annealed
+"$PYTHON" examples/dss_table.py "$WORK" "${MODES[@]}" ce ce_ft hinge_annealed hinge_fixed dl_fixed dl_annealed \
+  > "$WORK/table4.md"
+cat "$WORK/table4.md"
 echo "Chapter 5: initialisation (ce, sn) x normalisation of the direct-loss fine-tuning, $METRIC"
-"$PYTHON" examples/dss_table.py "$WORK" "${MODES[@]}" ce dl_annealed ce_global sn sn_local sn_global
+"$PYTHON" examples/dss_table.py "$WORK" "${MODES[@]}" ce ce_ft dl_annealed ce_global sn sn_local sn_global \
+  > "$WORK/table5.md"
+cat "$WORK/table5.md"
 if [ "$TAG_COLUMN" = ner ]; then
   echo "Macro F1 (the thesis's Table 4.2 metric)"
-  "$PYTHON" examples/dss_table.py "$WORK" "${MODES[@]}" --metric f1_macro $ORDER
+  "$PYTHON" examples/dss_table.py "$WORK" "${MODES[@]}" --metric f1_macro $ORDER > "$WORK/table_macro.md"
+  cat "$WORK/table_macro.md"
 fi
 echo "Table 5.1 layout: log Z on train / dev"
 for f in "$WORK"/{ce,sn}.s*/logz.log; do

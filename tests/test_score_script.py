@@ -350,3 +350,28 @@ def test_keep_results_gen_keeps_what_a_paired_bootstrap_reads(tmp_path):
     original, restored = bleu(work), bleu(dest)
     assert original == restored
     assert original["mean"]["bleu"] > original["diff"]["bleu"] > 0
+
+
+def test_dss_table_welch_p_values_match_t_tables(tmp_path):
+    """dss_table.py --control: Welch's two-sided p from its own incomplete beta against printed t tables
+    (df 1, 4, 10 at their 5% / 1% critical values) and a hand-computed Welch case (1,2,3 vs 4,5,6: t = -3.674,
+    df = 4, p = 0.0213), and the column it prints for two runs."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import dss_table
+    for df, t, p in ((1, 12.706, 0.05), (4, 2.776, 0.05), (10, 3.169, 0.01), (4, 4.604, 0.01)):
+        assert dss_table.betainc(df / 2, 0.5, df / (df + t * t)) == pytest.approx(p, abs=2e-4)
+    diff, p = dss_table.welch([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+    assert diff == -3.0 and p == pytest.approx(0.0213, abs=1e-4)
+    assert dss_table.welch([1.0], [2.0, 3.0])[1] is None
+    for name, f1s in (("ce_ft", (75.0, 76.0, 74.0)), ("dl", (77.0, 78.0, 76.0))):
+        for seed, f1 in enumerate(f1s, 1):
+            run = tmp_path / f"{name}.s{seed}"
+            run.mkdir()
+            for split in ("valid", "test"):
+                (run / f"{split}.hard.json").write_text(json.dumps({"scheme": "chunk", "f1": f1}))
+    script = Path(__file__).resolve().parents[1] / "examples" / "dss_table.py"
+    rows = subprocess.run([sys.executable, str(script), str(tmp_path), "ce_ft", "dl", "--suffix", ".hard", "--std",
+                           "--control", "ce_ft", "--markdown"], check=True, capture_output=True,
+                          text=True).stdout.splitlines()
+    # t = 2 / sqrt(2/3) = 2.449, df = 4: two-sided p = 0.070
+    assert rows[3] == "| dl | 77.00 +- 1.00 | 77.00 +- 1.00 | +2.00, p = 0.07 | 3 |"
