@@ -7,15 +7,17 @@
 # Model: fairseq `lstm` with attention, 1-layer bidirectional encoder, 1-layer
 # decoder, EMBED-wide embeddings, HIDDEN units (the thesis's MT model is a
 # BiLSTM encoder-decoder with attention, 256 units).
-# Pre-training (PRE_UPDATES updates, Adam 0.002, clip 1.0, --max-tokens 4000,
-# validation every epoch, checkpoint with the best valid loss):
+# Pre-training (Adam 0.002, clip 1.0, --max-tokens 4000, validation every epoch,
+# checkpoint with the best valid loss, stopped when it has not improved for PATIENCE
+# epochs, at most PRE_EPOCHS: the thesis pre-trains "to convergence"):
 #   ce  cross-entropy
 #   sn  self_normalized_ce, lambda 0.1 (the init for global normalisation)
-# Fine-tuning from the best checkpoint of one of them (FT_UPDATES updates, Adam at
-# FT_LR, fresh optimizer, update counter and meters), the same budget for all, each
-# validated every VALID_EVERY updates by dev BLEU under the decoder used at test
-# (our hard beam, k = 3, the run's normalisation: --task translation_search
-# --eval-bleu), the best such checkpoint kept (the same rule for the control):
+# Fine-tuning from the best checkpoint of one of them (at most FT_EPOCHS epochs, Adam
+# at FT_LR, fresh optimizer, update counter and meters), the same budget and rule for
+# all, each validated every VALID_EVERY updates by dev BLEU under the decoder used at
+# test (our hard beam, k = 3, the run's normalisation: --task translation_search
+# --eval-bleu), the best such checkpoint kept, stopped when it has not improved for
+# FT_PATIENCE validations (the same rule for the control):
 #   ce_ft                 cross-entropy from ce (the control: as many more updates
 #                         at the lower lr, no search)
 #   ce_local, ce_global   soft_beam_direct_loss from ce, local / global scores
@@ -24,7 +26,8 @@
 # (over the longer of hypothesis and reference), open length under the decoder's
 # EOS rules up to reference length + 2 (--soft-beam-extra-len), no dropout in the
 # search pass (--soft-beam-dropout none); alpha 1 -> ALPHA_FINAL geometrically
-# over ALPHA_UPDATES updates, then held.
+# over ALPHA_UPDATES updates (two epochs: annealed across epochs, as the thesis does),
+# then held.
 # Decoding (task translation_search, dev = val and test2016, --max-len-a 1.2
 # --max-len-b 10, --post-process sentencepiece): every model greedy (--beam 1,
 # fairseq's search) and with our hard beam k = 3 (--translation-search hard;
@@ -40,14 +43,16 @@
 #
 # One training job at a time; the decodes of a model run in the background beside
 # the next training (DECODE_JOBS of them at most). A stage that finished is
-# skipped (WORK_DIR/NAME.sSEED/trained, .../done).
+# skipped (WORK_DIR/NAME.sSEED/trained, .../done); an interrupted training resumes
+# from its checkpoint_last.pt (optimizer state included).
 #
 # usage: examples/soft_beam_mt.sh WORK_DIR
 # env: FAIRSEQ_EXT_DATA (required), VOCAB (2000), EMBED (128), HIDDEN (256),
-#      PRE_UPDATES (835, five epochs of 167 updates), FT_UPDATES (100),
-#      FT_LR (0.0001; at 0.001, soft_beam_ner.sh's, the direct loss wrecks the
-#      model: docs/soft_beam.md), ALPHA_FINAL (100), ALPHA_UPDATES (67),
-#      VALID_EVERY (25), SEEDS ("1 2 3"), DECODE_JOBS (1),
+#      PRE_EPOCHS (30), PATIENCE (3), FT_EPOCHS (3, 501 updates), FT_PATIENCE (4),
+#      FT_LR (0.0001; at 0.001, soft_beam_ner.sh's, the direct loss wrecked the
+#      model under the old protocol: docs/soft_beam.md), ALPHA_FINAL (100),
+#      ALPHA_UPDATES (334, two epochs of 167 updates), VALID_EVERY (84, half an epoch),
+#      SEEDS ("1 2 3"), DECODE_JOBS (1),
 #      ONLY (space-separated run names; default all: ce sn ce_ft ce_local ce_global
 #      sn_local sn_global)
 set -euo pipefail
@@ -58,13 +63,15 @@ WORK=${1:?usage: $0 WORK_DIR}
 VOCAB=${VOCAB:-2000}
 EMBED=${EMBED:-128}
 HIDDEN=${HIDDEN:-256}
-PRE_UPDATES=${PRE_UPDATES:-835}
-FT_UPDATES=${FT_UPDATES:-100}
+PRE_EPOCHS=${PRE_EPOCHS:-30}
+PATIENCE=${PATIENCE:-3}
+FT_EPOCHS=${FT_EPOCHS:-3}
+FT_PATIENCE=${FT_PATIENCE:-4}
 FT_LR=${FT_LR:-0.0001}
 ALPHA_FINAL=${ALPHA_FINAL:-100}
-ALPHA_UPDATES=${ALPHA_UPDATES:-67}
+ALPHA_UPDATES=${ALPHA_UPDATES:-334}
 SEEDS=${SEEDS:-1 2 3}
-VALID_EVERY=${VALID_EVERY:-25}
+VALID_EVERY=${VALID_EVERY:-84}
 DECODE_JOBS=${DECODE_JOBS:-1}
 PYTHON=${PYTHON:-python}
 export OMP_NUM_THREADS=1
@@ -77,7 +84,7 @@ MODEL=(--user-dir fairseq_ext --arch lstm --encoder-layers 1 --decoder-layers 1
   --encoder-bidirectional --encoder-embed-dim "$EMBED" --encoder-hidden-size "$HIDDEN"
   --decoder-embed-dim "$EMBED" --decoder-hidden-size "$HIDDEN" --decoder-out-embed-dim "$EMBED" --dropout 0.2
   --optimizer adam --clip-norm 1.0 --max-tokens 4000 --num-workers 0 --no-epoch-checkpoints
-  --no-save-optimizer-state --log-format simple --log-interval 25)
+  --log-format simple --log-interval 25)
 SB="--criterion soft_beam_direct_loss --soft-beam-size 3 --soft-beam-alpha 1 --soft-beam-alpha-schedule exponential
   --soft-beam-alpha-final $ALPHA_FINAL --soft-beam-alpha-updates $ALPHA_UPDATES"
 
@@ -124,27 +131,26 @@ for name in $ONLY; do
   # (one line for read: options continued on a second line would be dropped)
   IFS='|' read -r init norm opts <<< "${RUNS[$name]//$'\n'/ }"
   if [ -e "$dir/done" ]; then echo "done already: $name"; continue; fi
-  # a killed run leaves checkpoints: start it again from scratch, so that every result comes
-  # from one uninterrupted run (the runs are minutes long)
+  # a killed run resumes from its checkpoint_last.pt (fairseq ignores --finetune-from-model then)
   if [ ! -e "$dir/trained" ]; then
-    rm -rf "$dir"; mkdir -p "$dir"
+    mkdir -p "$dir"
     start=$(date +%s)
     if [ "$init" = - ]; then
       # shellcheck disable=SC2086
-      fairseq-train "$D" "${MODEL[@]}" --task translation $opts --lr 0.002 --max-update "$PRE_UPDATES" \
-        --save-dir "$dir" --seed "$SEED" > "$dir.train.log" 2>&1
+      fairseq-train "$D" "${MODEL[@]}" --task translation $opts --lr 0.002 --max-epoch "$PRE_EPOCHS" \
+        --patience "$PATIENCE" --save-dir "$dir" --seed "$SEED" >> "$dir.train.log" 2>&1
     else
       # fine-tune: fresh optimizer, lr schedule, meters and update counter (the alpha schedule;
       # --finetune-from-model, first launch: the directory is new); keep the checkpoint with the
       # best dev BLEU under the hard beam (k = 3) with the run's normalisation
       # shellcheck disable=SC2086
       fairseq-train "$D" "${MODEL[@]}" --task translation_search --translation-search hard \
-        --search-normalization "$norm" $opts --lr "$FT_LR" --max-update "$FT_UPDATES" \
+        --search-normalization "$norm" $opts --lr "$FT_LR" --max-epoch "$FT_EPOCHS" --patience "$FT_PATIENCE" \
         --validate-interval-updates "$VALID_EVERY" --save-interval-updates "$VALID_EVERY" \
         --keep-interval-updates 1 --eval-bleu --eval-bleu-args '{"beam": 3, "max_len_a": 1.2, "max_len_b": 10}' \
         --eval-bleu-detok space --eval-bleu-remove-bpe sentencepiece --best-checkpoint-metric bleu \
         --maximize-best-checkpoint-metric --finetune-from-model "$WORK/$init.s$SEED/checkpoint_best.pt" \
-        --save-dir "$dir" --seed "$SEED" > "$dir.train.log" 2>&1
+        --save-dir "$dir" --seed "$SEED" >> "$dir.train.log" 2>&1
       rm -f "$dir"/checkpoint_*_*.pt
     fi
     rm -f "$dir/checkpoint_last.pt"
