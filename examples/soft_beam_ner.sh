@@ -7,7 +7,7 @@
 #
 # Pre-training (PRE_EPOCHS epochs, lr 0.005): `ce` (cross-entropy; or the
 # checkpoint CE_CKPT, %s = seed) and `sn` (self_normalized_ce, lambda 0.1).
-# Fine-tuning from one of them (FT_EPOCHS epochs, lr 0.001, fresh optimizer,
+# Fine-tuning from one of them (FT_EPOCHS epochs, lr FT_LR, fresh optimizer,
 # update counter and epoch count; k = 3; NER only: --hamming-weights O=2.0):
 #   hinge_annealed, hinge_fixed, dl_fixed, dl_annealed   from ce, local scores
 #   ce_global                                            from ce, global scores
@@ -34,7 +34,7 @@
 #
 # usage: examples/soft_beam_ner.sh WORK_DIR
 # env: FAIRSEQ_EXT_DATA (required), SEEDS ("1 2 3"), PRE_EPOCHS (30), FT_EPOCHS (30),
-#      PATIENCE (4), SELECT (hard | greedy),
+#      PATIENCE (4), FT_LR (0.001), SELECT (hard | greedy),
 #      ALPHA_FINAL (100), ALPHA_UPDATES (444, two epochs at --max-tokens 1000),
 #      CE_CKPT (e.g. /tmp/ner/work/ce.s%s/checkpoint_best.pt; default: train ce),
 #      DECODE_JOBS (1), ONLY (space-separated run names; default all),
@@ -50,6 +50,7 @@ PATIENCE=${PATIENCE:-4}
 SELECT=${SELECT:-hard}
 PRE_EPOCHS=${PRE_EPOCHS:-30}
 FT_EPOCHS=${FT_EPOCHS:-30}
+FT_LR=${FT_LR:-0.001}
 ALPHA_FINAL=${ALPHA_FINAL:-100}
 ALPHA_UPDATES=${ALPHA_UPDATES:-444}
 CE_CKPT=${CE_CKPT:-}
@@ -135,7 +136,8 @@ for seed in $SEEDS; do
     dir="$WORK/$name.s$seed"
     # (one line for read: options continued on a second line would be dropped)
     IFS='|' read -r init norm alpha opts <<< "${RUNS[$name]//$'\n'/ }"
-    if [ -e "$dir/done" ]; then echo "done already: $name seed $seed"; continue; fi
+    # done: decoded here, or its score files restored from results/ (scripts/keep_results.py)
+    if [ -e "$dir/done" ] || [ -s "$dir/test.soft.json" ]; then echo "done already: $name seed $seed"; continue; fi
     # a killed run leaves a checkpoint_best.pt: start it again from scratch, so that every
     # result comes from one uninterrupted run (the runs are minutes long)
     if [ ! -e "$dir/trained" ]; then
@@ -152,7 +154,7 @@ for seed in $SEEDS; do
         # fine-tune: fresh optimizer, lr schedule, meters, update counter (the alpha schedule) and
         # epoch count (--finetune-from-model; the directory is new, so this is its first launch)
         # shellcheck disable=SC2086
-        fairseq-train "$D" "${TASK[@]}" "${COMMON[@]}" $opts --lr 0.001 --max-epoch "$FT_EPOCHS" \
+        fairseq-train "$D" "${TASK[@]}" "${COMMON[@]}" $opts --lr "$FT_LR" --max-epoch "$FT_EPOCHS" \
           --finetune-from-model "$WORK/$init.s$seed/checkpoint_best.pt" \
           --save-dir "$dir" --seed "$seed" > "$dir.train.log" 2>&1
       fi
