@@ -78,6 +78,8 @@ done
 
 "$PYTHON" - "$WORK" "$VOCAB" "$L" $SEEDS <<'PY'
 import json, statistics, sys
+sys.path.insert(0, "scripts")
+import plot_log
 from fairseq_ext import toy_residual
 work, vocab, L, seeds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 rows = {k: [] for k in ("lm_ppl", "joint_lo", "joint_hi", "real", "base_lm", "joint", "acc")}
@@ -89,8 +91,8 @@ for s in seeds:
     rows["joint_hi"].append(res["joint_ppl_upper"])
     for k in ("real", "base_lm", "joint"):
         rows[k].append(toy_residual.distinct_share([r[k].split() for r in recs]))
-    valid = [json.loads(l.split("| INFO | valid | ")[1]) for l in open(f"{work}/s{s}/ebm.log") if "| valid | {" in l]
-    rows["acc"].append(max(float(v["valid_acc"]) for v in valid))
+    valid = [stats for tag, stats in plot_log.read_log(f"{work}/s{s}/ebm.log") if tag == "valid"]
+    rows["acc"].append(max(v["valid_acc"] for v in valid))
 f = lambda v: f"{statistics.mean(v):.3f} +- {statistics.stdev(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}"
 print(f"seeds {' '.join(seeds)}; truth: perplexity {toy_residual.true_perplexity(vocab, L):.3f}, distinct share 1")
 print("| | base LM | joint (lower / upper log Z) | truth |")

@@ -9,7 +9,8 @@
 # the range against n: Figure 2 left), joint samples (Algorithm 1) with their n-gram
 # repetition (Figure 2 right) and log-likelihood histograms (Figure 3), and the table over
 # seeds (WORK/table.md: joint - base-LM log-likelihood of the real test continuations,
-# paired over prefixes).
+# paired over prefixes); and fairseq-generate's joint samples of the first valid prefixes
+# (WORK/generate.txt).
 #
 # The paper: p = 120, L = 40, 16 (CC-News) / 128 (Books) stored samples per prefix,
 # 12-layer models, 90k-180k updates. Defaults here: p = 48, L = 24, 16 stored, 4 per
@@ -106,4 +107,10 @@ done
 
 "$PYTHON" scripts/residual_table.py "$WORK" --seeds $SEEDS --variants $VARIANTS --topks $EVAL_TOPKS \
   | tee "$WORK/table.md"
+read -r seed _ <<< "$SEEDS"
+read -r variant _ <<< "$VARIANTS"
+log "joint samples ($variant seed $seed, n = 16, top-k 10) of the valid prefixes"
+fairseq-generate "$DATA" "${T[@]}" --path "$WORK/$variant.s$seed/checkpoint_best.pt" --gen-subset valid \
+  --num-negatives "$NUM_NEG" --joint-samples 16 --joint-topk 10 --nbest 1 --batch-size 8 --seed 1 \
+  2> "$WORK/generate.err" | grep -E "^(S|T|H)-" | head -24 > "$WORK/generate.txt" || true
 log "done: $WORK"

@@ -25,7 +25,11 @@ import os
 import re
 import statistics
 import sys
+from pathlib import Path
 from typing import Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import plot_log  # noqa: E402  (scripts/plot_log.py: fairseq's JSON log lines)
 
 
 def mean_std(values: List[float], digits: int = 3) -> str:
@@ -36,16 +40,11 @@ def mean_std(values: List[float], digits: int = 3) -> str:
     return f"{statistics.mean(values):.{digits}f} +- {statistics.stdev(values):.{digits}f}"
 
 
-def valid_lines(path: str) -> List[dict]:
-    """The validation records of a fairseq --log-format json training log."""
-    out = []
+def valid_lines(path: str) -> List[Dict[str, float]]:
+    """The validation records of a fairseq --log-format json training log (none if it is absent)."""
     if not os.path.exists(path):
-        return out
-    with open(path) as f:
-        for line in f:
-            if "| valid | {" in line:
-                out.append(json.loads(line.split("| valid | ", 1)[1]))
-    return out
+        return []
+    return [stats for tag, stats in plot_log.read_log(path) if tag == "valid"]
 
 
 def lm_valid_loss(path: str) -> Optional[float]:
@@ -119,8 +118,8 @@ def main(argv=None) -> None:
             gains.append(f"{m:+.3f} +- {se:.3f} ({m / se:+.1f})")
             vl = valid_lines(os.path.join(w, f"{v}.s{s}.log"))
             if vl:
-                best = max(vl, key=lambda r: float(r["valid_acc"]))
-                accs.append(f"{float(best['valid_acc']):.3f} ({best['epoch']} of {vl[-1]['epoch']})")
+                best = max(vl, key=lambda r: r["valid_acc"])
+                accs.append(f"{best['valid_acc']:.3f} ({int(best['epoch'])} of {int(vl[-1]['epoch'])})")
         print(f"| joint {v} | {len(seeds)} | [{lo}, {hi}] | {'; '.join(gains)} | {'; '.join(accs)} |")
 
     print()
