@@ -6,7 +6,9 @@
 #    fairseq's translation_lev recipe (--noise random_mask, nat_loss) for UPDATES updates,
 #    validated every 1000 (the run resumes when rerun; checkpoint_best by validation loss);
 # 2. the "De-En (20)" evaluation set: the first SENTENCES test2016 pairs whose
-#    source has at most 20 words;
+#    source has at most 20 words (50 by default: a local- or raw-energy run of the
+#    grid costs about 23 minutes on one core at 50 sentences x 5 chains x 33 epochs,
+#    every proposal needing one masked forward per position); outputs in WORK/nSENTENCES;
 # 3. baselines: greedy warm start (one pass, no refinement) and Mask-Predict
 #    (fairseq's iterative refinement, 10 iterations);
 # 4. samplers through fairseq-generate --task translation_mh, CHAINS chains per
@@ -20,7 +22,7 @@
 #
 # usage: examples/mh_multi30k.sh WORK_DIR
 # env: FAIRSEQ_EXT_DATA (required), UPDATES (12000, about 3.5 h on one core; by then the
-#      validation loss falls about 0.03 per 1000 updates), SENTENCES (100), CHAINS (5), BURN_IN (7),
+#      validation loss falls about 0.03 per 1000 updates), SENTENCES (50), CHAINS (5), BURN_IN (7),
 #      EPOCHS (26), JOBS (2), VOCAB (4000), ONLY (run names),
 #      CMLM (use this checkpoint instead of training one)
 set -euo pipefail
@@ -28,7 +30,7 @@ cd "$(dirname "$0")/.."
 WORK=${1:?usage: $0 WORK_DIR}
 : "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
 UPDATES=${UPDATES:-12000}
-SENTENCES=${SENTENCES:-100}
+SENTENCES=${SENTENCES:-50}
 CHAINS=${CHAINS:-5}
 BURN_IN=${BURN_IN:-7}
 EPOCHS=${EPOCHS:-26}
@@ -75,6 +77,8 @@ PY
     --destdir "$WORK/data/bin20_n$SENTENCES" --workers 1 > "$WORK/data/bin20_n$SENTENCES.log" 2>&1
 fi
 
+OUT=$WORK/n$SENTENCES  # the samplers' outputs, per evaluation set size
+mkdir -p "$OUT"
 GEN=(--user-dir fairseq_ext --gen-subset test --batch-size 50 --required-batch-size-multiple 1
   --post-process sentencepiece --seed 1)
 MH=(--task translation_mh --mh-chains "$CHAINS" --nbest 1 --mh-burn-in "$BURN_IN" --mh-epochs "$EPOCHS" --mh-history)
@@ -104,21 +108,21 @@ done
 ONLY=${ONLY:-$ORDER}
 
 baseline() {  # name iterations
-  [ -s "$WORK/$1.json" ] && return
+  [ -s "$OUT/$1.json" ] && return
   fairseq-generate "$WORK/data/bin20_n$SENTENCES" "${GEN[@]}" --task translation_lev --path "$CMLM" \
-    --iter-decode-max-iter "$2" --iter-decode-eos-penalty 0 > "$WORK/$1.gen" 2> "$WORK/$1.gen.log"
-  "$PYTHON" scripts/score.py "$WORK/$1.gen" --json "$WORK/$1.json" > /dev/null
+    --iter-decode-max-iter "$2" --iter-decode-eos-penalty 0 > "$OUT/$1.gen" 2> "$OUT/$1.gen.log"
+  "$PYTHON" scripts/score.py "$OUT/$1.gen" --json "$OUT/$1.json" > /dev/null
 }
 baseline warm_start 0
 baseline mask_predict 10
 
 run() {  # name
   local name=$1
-  if [ ! -s "$WORK/$name.json" ]; then
+  if [ ! -s "$OUT/$name.json" ]; then
     # shellcheck disable=SC2086
     fairseq-generate "$WORK/data/bin20_n$SENTENCES" "${GEN[@]}" "${MH[@]}" ${RUNS[$name]} --path "$CMLM" \
-      --mh-stats-file "$WORK/$name.jsonl" > "$WORK/$name.gen" 2> "$WORK/$name.gen.log"
-    "$PYTHON" scripts/score.py "$WORK/$name.gen" --json "$WORK/$name.json" > /dev/null
+      --mh-stats-file "$OUT/$name.jsonl" > "$OUT/$name.gen" 2> "$OUT/$name.gen.log"
+    "$PYTHON" scripts/score.py "$OUT/$name.gen" --json "$OUT/$name.json" > /dev/null
   fi
   echo "done: $name"
 }
@@ -130,9 +134,9 @@ wait
 
 echo "BLEU of the printed hypotheses (baselines; samplers: chain 0's final state, or its lowest-energy state with --mh-output best)"
 for b in warm_start mask_predict $ONLY; do
-  echo "$b: $("$PYTHON" -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["bleu"], 2))' "$WORK/$b.json")"
+  echo "$b: $("$PYTHON" -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["bleu"], 2))' "$OUT/$b.json")"
 done
 echo "Averages over the epochs after burn-in, all chains"
-files=(); for name in $ONLY; do files+=("$WORK/$name.jsonl"); done
-"$PYTHON" scripts/plot_mh.py "${files[@]}" --labels "$(echo $ONLY | tr ' ' ,)" --json "$WORK/mh_summary.json" \
-  $("$PYTHON" -c 'import matplotlib' 2>/dev/null && echo --png "$WORK/mh")
+files=(); for name in $ONLY; do files+=("$OUT/$name.jsonl"); done
+"$PYTHON" scripts/plot_mh.py "${files[@]}" --labels "$(echo $ONLY | tr ' ' ,)" --json "$OUT/mh_summary.json" \
+  $("$PYTHON" -c 'import matplotlib' 2>/dev/null && echo --png "$OUT/mh")
