@@ -360,8 +360,13 @@ def run_chains(logits_fn: LogitsFn, tokens: Tensor, free: Tensor, owner: Tensor,
             if accept_all:  # no energy needed: recomputed once at the end of the epoch
                 accept = torch.ones_like(rows, dtype=torch.bool)
             else:
-                new_raw, new_local = energies(logits_fn, prop.tokens, free[rows], owner[rows], mask_idx,
-                                              cfg.max_rows)
+                # a proposal equal to its current state keeps its energy (and log q(y'|y) = log q(y|y'),
+                # so it is accepted): only the changed rows need the L masked forwards of E(y')
+                new_raw, new_local = e_raw[rows].clone(), e_local[rows].clone()
+                moved = (prop.tokens != y).any(1).nonzero(as_tuple=True)[0]
+                if moved.numel():
+                    new_raw[moved], new_local[moved] = energies(
+                        logits_fn, prop.tokens[moved], free[rows[moved]], owner[rows[moved]], mask_idx, cfg.max_rows)
                 e_old, e_new = (e_raw, new_raw) if raw_energy else (e_local, new_local)
                 log_a = log_acceptance(e_old[rows], e_new, prop.log_q_fwd, prop.log_q_bwd, temp)
                 u = torch.rand(rows.shape, generator=generator, device=tokens.device)
