@@ -362,7 +362,7 @@ def run_chains(logits_fn: LogitsFn, tokens: Tensor, free: Tensor, owner: Tensor,
             else:
                 # a proposal equal to its current state keeps its energy (and log q(y'|y) = log q(y|y'),
                 # so it is accepted): only the changed rows need the L masked forwards of E(y')
-                new_raw, new_local = e_raw[rows].clone(), e_local[rows].clone()
+                new_raw, new_local = e_raw[rows], e_local[rows]  # index copies: e_raw, e_local untouched
                 moved = (prop.tokens != y).any(1).nonzero(as_tuple=True)[0]
                 if moved.numel():
                     new_raw[moved], new_local[moved] = energies(
