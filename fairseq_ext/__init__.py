@@ -2,7 +2,8 @@
 
 Importing the package registers every criterion, task, model and task loss with
 fairseq, makes fairseq's checkpoint loader work under torch >= 2.6, its copies
-to ``checkpoint_last.pt`` atomic, carries criterion state through checkpoints and
+to ``checkpoint_last.pt`` atomic, its start-up check of ``--save-dir`` safe for
+concurrent runs, carries criterion state through checkpoints and
 lets fairseq's batch threads finish before the process exits (see
 ``fairseq_ext.compat``), and makes a bad plugin option end a command with one line
 and ``--help`` list the chosen components' options (see ``fairseq_ext.cli``).
@@ -10,6 +11,7 @@ and ``--help`` list the chosen components' options (see ``fairseq_ext.cli``).
 from fairseq_ext import cli
 from fairseq_ext.compat import (
     patch_checkpoint_copies,
+    patch_checkpoint_directory_check,
     patch_checkpoint_loading,
     patch_criterion_state,
     stop_batch_threads_at_exit,
@@ -17,6 +19,7 @@ from fairseq_ext.compat import (
 
 patch_checkpoint_loading()
 patch_checkpoint_copies()
+patch_checkpoint_directory_check()
 patch_criterion_state()
 stop_batch_threads_at_exit()
 cli.install()

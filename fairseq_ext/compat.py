@@ -18,6 +18,9 @@ Without the plugin, run fairseq with ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``.
 Crash safety: ``patch_checkpoint_copies`` makes fairseq's copies of a checkpoint
 to ``checkpoint_last.pt`` / ``checkpoint_best.pt`` atomic (see its docstring).
 
+Concurrent runs: ``patch_checkpoint_directory_check`` makes fairseq's start-up write
+test of ``--save-dir`` safe for several runs sharing a directory (see its docstring).
+
 Criterion state: ``patch_criterion_state`` saves a criterion's running state (PG's
 moving baseline) with every checkpoint and gives it back on resume (see its
 docstring).
@@ -31,6 +34,7 @@ import inspect
 import os
 import queue
 import shutil
+import tempfile
 import threading
 import time
 import types
@@ -106,6 +110,37 @@ def patch_checkpoint_copies() -> None:
         return
     checkpoint_utils.PathManager = type("AtomicCopyPathManager", (manager,),
                                         {"copy": staticmethod(_atomic_copy(manager.copy))})
+
+
+def _verify_checkpoint_directory(save_dir: str) -> None:
+    """fairseq's check, with a temporary file no other process can name."""
+    os.makedirs(save_dir, exist_ok=True)
+    try:
+        with tempfile.NamedTemporaryFile(dir=save_dir, prefix="dummy."):
+            pass
+    except OSError:
+        import logging
+
+        logging.getLogger("fairseq.checkpoint_utils").warning(
+            "Unable to access checkpoint save directory: {}".format(save_dir))
+        raise
+
+
+_verify_checkpoint_directory.__fairseq_ext_safe__ = True
+
+
+def patch_checkpoint_directory_check() -> None:
+    """At start-up ``fairseq-train`` checks that ``--save-dir`` (default
+    ``checkpoints``, even under ``--no-save``) is writable by creating and deleting
+    ``SAVE_DIR/dummy``. Two runs starting together in one directory (a sweep of
+    ``--no-save`` runs from one working directory) race on that one name, and the
+    loser dies with ``FileNotFoundError: ... checkpoints/dummy`` (it failed a test
+    run of ours). The check now uses a uniquely named temporary file: the same
+    test of writability, the same warning and error when it fails (idempotent)."""
+    from fairseq import checkpoint_utils
+
+    if not getattr(checkpoint_utils.verify_checkpoint_directory, "__fairseq_ext_safe__", False):
+        checkpoint_utils.verify_checkpoint_directory = _verify_checkpoint_directory
 
 
 _STATE_KEY = "fairseq_ext"

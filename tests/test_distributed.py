@@ -32,7 +32,6 @@ import math
 import os
 import shutil
 import subprocess
-import warnings
 
 import pytest
 import torch
@@ -147,17 +146,11 @@ def _launch(out, args, world=1, backend=None, prepare=None):
 
 
 def _wait(jobs):
-    """Wait for a wave of runs. A run that exits non-zero is started once more from a clean
-    directory, with a warning that carries its log (a crashed process is not a result
-    about the criterion; a second failure is, and fails the test with its log)."""
-    failed = [(job, job.finish()) for job in jobs]
-    for job, error in failed:
+    """Wait for a wave of runs; a run that exits non-zero fails the test with its log."""
+    errors = [job.finish() for job in jobs]
+    for error in errors:
         if error:
-            warnings.warn(f"retrying once: {error}")
-            job.start()
-            error = job.finish()
-            if error:
-                raise AssertionError(error)
+            raise AssertionError(error)
 
 
 class Run:

@@ -2,6 +2,7 @@
 leaves a loadable checkpoint that resumes; a model a criterion cannot train, a
 missing scorer checkpoint or a malformed data directory stops the run with a clear
 message before the first training step."""
+import os
 import re
 import signal
 import subprocess
@@ -132,3 +133,34 @@ def test_a_run_stopped_mid_epoch_exits_cleanly(tmp_path):
                         "--disable-validation", "--num-workers", "0", "--seed", "1"],
                        env={"FAIRSEQ_EXT_FORKSERVER": ""})
         assert "done training" in proc.stdout + proc.stderr
+
+
+def test_runs_sharing_a_save_dir_start_without_racing(tmp_path):
+    """fairseq-train checks --save-dir by creating and deleting SAVE_DIR/dummy; runs starting
+    together in one directory (every --no-save run without --save-dir uses ./checkpoints)
+    delete each other's file and die with FileNotFoundError (fairseq's own check fails
+    this test within a few hundred calls from 8 threads; it failed our CI once)."""
+    import threading
+
+    import fairseq_ext  # noqa: F401  (patches checkpoint_utils)
+    from fairseq import checkpoint_utils
+
+    save_dir, errors = str(tmp_path / "checkpoints"), []
+
+    def start_runs():
+        try:
+            for _ in range(300):
+                checkpoint_utils.verify_checkpoint_directory(save_dir)
+        except OSError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=start_runs) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert os.listdir(save_dir) == []  # the check leaves nothing behind
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(OSError):  # an unusable directory still fails
+        checkpoint_utils.verify_checkpoint_directory(str(tmp_path / "a_file" / "checkpoints"))
