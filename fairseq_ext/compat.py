@@ -31,6 +31,7 @@ threads before the interpreter shuts down (see its docstring).
 import atexit
 import functools
 import inspect
+import logging
 import os
 import queue
 import shutil
@@ -119,8 +120,6 @@ def _verify_checkpoint_directory(save_dir: str) -> None:
         with tempfile.NamedTemporaryFile(dir=save_dir, prefix="dummy."):
             pass
     except OSError:
-        import logging
-
         logging.getLogger("fairseq.checkpoint_utils").warning(
             "Unable to access checkpoint save directory: {}".format(save_dir))
         raise

@@ -105,52 +105,29 @@ def _env(dump=None, c10d=False):
     return env
 
 
-class _Job:
-    """One run (``world`` processes) writing dumps and logs under ``out``; ``prepare(out)``
-    fills the fresh directory before the processes start (a checkpoint to resume)."""
-
-    def __init__(self, out, args, world=1, backend=None, prepare=None):
-        self.out, self.args, self.world, self.backend, self.prepare = out, args, world, backend, prepare
-        self.start()
-
-    def start(self):
-        shutil.rmtree(self.out, ignore_errors=True)
-        os.makedirs(self.out)
-        if self.prepare:
-            self.prepare(self.out)
-        self.procs = []
-        for rank in range(self.world):
-            dist = [] if self.world == 1 else [
-                "--distributed-world-size", str(self.world), "--distributed-rank", str(rank),
-                "--distributed-backend", "gloo", "--distributed-no-spawn",
-                "--distributed-init-method", f"file://{self.out}/init", "--ddp-backend", self.backend]
-            log = open(os.path.join(self.out, f"log{rank}"), "w")
-            self.procs.append((subprocess.Popen(["python", SCRIPT, *self.args, *dist], cwd=REPO, stdout=log,
-                                                stderr=subprocess.STDOUT,
-                                                env=_env(self.out, self.backend == "c10d")), log))
-
-    def finish(self):
-        """Wait; the first failing rank's exit status and log tail, or None."""
-        for p, log in self.procs:
-            p.wait(timeout=600)
-            log.close()
-        for p, log in self.procs:
-            if p.returncode != 0:
-                with open(log.name) as f:
-                    return f"{log.name} failed (exit {p.returncode}):\n{f.read()[-4000:]}"
-        return None
+def _launch(out, args, world=1, backend=None):
+    """Start one run (``world`` processes) writing dumps and logs under ``out``."""
+    os.makedirs(out, exist_ok=True)
+    procs = []
+    for rank in range(world):
+        dist = [] if world == 1 else [
+            "--distributed-world-size", str(world), "--distributed-rank", str(rank), "--distributed-backend", "gloo",
+            "--distributed-no-spawn", "--distributed-init-method", f"file://{out}/init", "--ddp-backend", backend]
+        log = open(os.path.join(out, f"log{rank}"), "w")
+        procs.append((subprocess.Popen(["python", SCRIPT, *args, *dist], cwd=REPO, stdout=log,
+                                       stderr=subprocess.STDOUT, env=_env(out, backend == "c10d")), log))
+    return procs
 
 
-def _launch(out, args, world=1, backend=None, prepare=None):
-    return [_Job(out, args, world, backend, prepare)]
-
-
-def _wait(jobs):
-    """Wait for a wave of runs; a run that exits non-zero fails the test with its log."""
-    errors = [job.finish() for job in jobs]
-    for error in errors:
-        if error:
-            raise AssertionError(error)
+def _wait(procs):
+    """Wait for a wave of runs; a process that exits non-zero fails the test with its own log."""
+    for p, log in procs:
+        p.wait(timeout=600)
+        log.close()
+    for p, log in procs:
+        if p.returncode != 0:
+            with open(log.name) as f:
+                raise AssertionError(f"{log.name} failed (exit {p.returncode}):\n{f.read()[-4000:]}")
 
 
 class Run:
@@ -206,9 +183,9 @@ def runs(request, mt, tmp_path_factory):
                                                            str(UPDATES), "--no-save"])
         _wait(wave)
         resumed = str(root / "resumed")
-        first = os.path.join(out["saved"], "checkpoint_1_1.pt")
-        wave = _launch(resumed, saving + ["--max-update", str(UPDATES), "--save-dir", resumed],
-                       prepare=lambda d: shutil.copyfile(first, os.path.join(d, "checkpoint_last.pt")))
+        os.makedirs(resumed)
+        shutil.copyfile(os.path.join(out["saved"], "checkpoint_1_1.pt"), os.path.join(resumed, "checkpoint_last.pt"))
+        wave = _launch(resumed, saving + ["--max-update", str(UPDATES), "--save-dir", resumed])
         for backend in ("c10d", "legacy_ddp"):
             name = "c10d" if backend == "c10d" else "legacy"
             wave += _launch(out[name], args + NO_VALID + ["--batch-size", "4", "--max-update", str(UPDATES),
