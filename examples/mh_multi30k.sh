@@ -23,7 +23,8 @@
 # usage: examples/mh_multi30k.sh WORK_DIR
 # env: FAIRSEQ_EXT_DATA (required), UPDATES (12000, about 3.5 h on one core; by then the
 #      validation loss falls about 0.03 per 1000 updates), SENTENCES (50), CHAINS (5), BURN_IN (7),
-#      EPOCHS (26), JOBS (2), VOCAB (4000), ONLY (run names),
+#      EPOCHS (26), JOBS (2), VOCAB (4000), ONLY (run names, or "claims": the 12 runs behind the
+#      thesis's three claims), SEED (1: the samplers' seed; seed s > 1 writes to WORK/nSENTENCES_sS),
 #      CMLM (use this checkpoint instead of training one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,10 +36,46 @@ CHAINS=${CHAINS:-5}
 BURN_IN=${BURN_IN:-7}
 EPOCHS=${EPOCHS:-26}
 JOBS=${JOBS:-2}
+SEED=${SEED:-1}
 VOCAB=${VOCAB:-4000}
 PYTHON=${PYTHON:-python}
 export OMP_NUM_THREADS=1
 . examples/lib.sh
+# the grid, checked before any work starts
+declare -A RUNS=()
+ORDER=""
+add() { RUNS[$1]=$2; ORDER="$ORDER $1"; }  # name, sampler options
+for t in 2.0 1.5 1.0 0.8 0.5; do  # Table 6.2: proposal temperature
+  add "deg_t$t" "--mh-kernel gibbs --mh-proposal-temperature $t"
+  add "local_t$t" "--mh-energy local --mh-proposal-temperature $t"
+done
+add raw_t1.0 "--mh-energy raw"
+for p in 0.99 0.95 0.9 0.8; do  # Table 6.3: nucleus (MH with the exact mixture, the default)
+  add "deg_p$p" "--mh-kernel gibbs --mh-top-p $p"
+  add "local_p$p" "--mh-energy local --mh-top-p $p"
+done
+add local_p0.9_pure "--mh-energy local --mh-top-p 0.9 --mh-nucleus-mix 0"
+for e in deg local raw; do  # Table 6.4: block proposals, 4 annealed to 1
+  k=$([ $e = deg ] && echo "--mh-kernel gibbs" || echo "--mh-energy $e")
+  add "${e}_block" "$k --mh-block-size 4 --mh-anneal-block"
+done
+for e in raw local; do  # Tables 6.5 / 6.6: annealing the target temperature
+  for a in 0.02 0.04 0.06; do
+    add "${e}_anneal$a" "--mh-energy $e --mh-proposal-temperature 0.8 --mh-target-anneal $a --mh-accept-all-epochs 2 --mh-output best"
+  done
+  add "${e}_floor" "--mh-energy $e --mh-proposal-temperature 0.8 --mh-anneal-floor-at 0.6 --mh-accept-all-epochs 2 --mh-output best"
+done
+# the runs behind the thesis's three claims first (a local- or raw-energy run takes up to
+# an hour on one core), then the rest of the grid in table order
+CLAIMS="deg_t2.0 local_t2.0 deg_t1.0 local_t1.0 raw_t1.0 local_floor raw_floor deg_block local_block raw_block"
+CLAIMS+=" local_anneal0.04 raw_anneal0.04"
+FIRST="$CLAIMS deg_p0.9 local_p0.9 local_p0.9_pure"
+for name in $ORDER; do [[ " $FIRST " == *" $name "* ]] || FIRST+=" $name"; done
+ONLY=${ONLY:-$FIRST}
+[ "$ONLY" != claims ] || ONLY=$CLAIMS
+for name in $ONLY; do
+  [ -n "${RUNS[$name]+x}" ] || { echo "mh_multi30k.sh: ONLY names an unknown run: $name" >&2; exit 2; }
+done
 mkdir -p "$WORK"
 
 [ -d "$WORK/data/bin" ] || bash scripts/prepare_multi30k.sh "$FAIRSEQ_EXT_DATA/multi30k" "$WORK/data" "$VOCAB" \
@@ -77,40 +114,12 @@ PY
     --destdir "$WORK/data/bin20_n$SENTENCES" --workers 1 > "$WORK/data/bin20_n$SENTENCES.log" 2>&1
 fi
 
-OUT=$WORK/n$SENTENCES  # the samplers' outputs, per evaluation set size
+OUT=$WORK/n$SENTENCES  # the samplers' outputs, per evaluation set size (and sampler seed after the first)
+[ "$SEED" = 1 ] || OUT=${OUT}_s$SEED
 mkdir -p "$OUT"
 GEN=(--user-dir fairseq_ext --gen-subset test --batch-size 50 --required-batch-size-multiple 1
-  --post-process sentencepiece --seed 1)
+  --post-process sentencepiece --seed "$SEED")
 MH=(--task translation_mh --mh-chains "$CHAINS" --nbest 1 --mh-burn-in "$BURN_IN" --mh-epochs "$EPOCHS" --mh-history)
-declare -A RUNS=()
-ORDER=""
-add() { RUNS[$1]=$2; ORDER="$ORDER $1"; }  # name, sampler options
-for t in 2.0 1.5 1.0 0.8 0.5; do  # Table 6.2: proposal temperature
-  add "deg_t$t" "--mh-kernel gibbs --mh-proposal-temperature $t"
-  add "local_t$t" "--mh-energy local --mh-proposal-temperature $t"
-done
-add raw_t1.0 "--mh-energy raw"
-for p in 0.99 0.95 0.9 0.8; do  # Table 6.3: nucleus (MH with the exact mixture, the default)
-  add "deg_p$p" "--mh-kernel gibbs --mh-top-p $p"
-  add "local_p$p" "--mh-energy local --mh-top-p $p"
-done
-add local_p0.9_pure "--mh-energy local --mh-top-p 0.9 --mh-nucleus-mix 0"
-for e in deg local raw; do  # Table 6.4: block proposals, 4 annealed to 1
-  k=$([ $e = deg ] && echo "--mh-kernel gibbs" || echo "--mh-energy $e")
-  add "${e}_block" "$k --mh-block-size 4 --mh-anneal-block"
-done
-for e in raw local; do  # Tables 6.5 / 6.6: annealing the target temperature
-  for a in 0.02 0.04 0.06; do
-    add "${e}_anneal$a" "--mh-energy $e --mh-proposal-temperature 0.8 --mh-target-anneal $a --mh-accept-all-epochs 2 --mh-output best"
-  done
-  add "${e}_floor" "--mh-energy $e --mh-proposal-temperature 0.8 --mh-anneal-floor-at 0.6 --mh-accept-all-epochs 2 --mh-output best"
-done
-# the runs behind the thesis's three claims first (a local- or raw-energy run takes up to
-# an hour on one core), then the rest of the grid in table order
-FIRST="deg_t2.0 local_t2.0 deg_t1.0 local_t1.0 raw_t1.0 local_floor raw_floor deg_block local_block raw_block"
-FIRST+=" local_anneal0.04 raw_anneal0.04 deg_p0.9 local_p0.9 local_p0.9_pure"
-for name in $ORDER; do [[ " $FIRST " == *" $name "* ]] || FIRST+=" $name"; done
-ONLY=${ONLY:-$FIRST}
 
 baseline() {  # name iterations
   [ -s "$OUT/$1.json" ] && return
