@@ -12,12 +12,17 @@ of the thesis's Tables 6.2-6.5: E_local, novel rate, acceptance, BLEU) and with
 ``--png PREFIX`` draws PREFIX_{accept,novel,e_local,e_raw,bleu}.png against epochs
 (Figures 6.2-6.4 analogues; needs matplotlib: ``pip install -e '.[plot]'``).
 
-usage: scripts/plot_mh.py RUN.jsonl [RUN2.jsonl ...] [--labels a,b] [--png PREFIX]
-       [--json FILE] [--post-process sentencepiece|none]
+A run given as comma-separated stats files (``s1.jsonl,s2.jsonl,s3.jsonl``: one per
+sampler seed) is one row: each file is summarised on its own, and the row gives the
+mean +- sample std over the files (the curves: their mean).
+
+usage: scripts/plot_mh.py RUN.jsonl[,SEED2.jsonl ...] [RUN2.jsonl ...] [--labels a,b]
+       [--png PREFIX] [--json FILE] [--post-process sentencepiece|none]
 """
 import argparse
 import json
 import os
+import statistics
 import sys
 from typing import Dict, List
 
@@ -70,9 +75,41 @@ def summary(curves: Dict[str, List[float]], burn_in: int) -> Dict[str, float]:
     return {k: sum(v[burn_in:]) / len(v[burn_in:]) for k, v in curves.items() if v[burn_in:]}
 
 
+def load_run(paths: List[str], post_process: str) -> dict:
+    """One run over its seeds' stats files: per-seed summaries, their mean and std, mean curves."""
+    seeds = []
+    for path in paths:
+        records = load(path)
+        curves = per_epoch(records, post_process)
+        burn_in = records[0].get("burn_in", 0)
+        seeds.append({"curves": curves, "summary": summary(curves, burn_in), "sentences": len(records),
+                      "burn_in": burn_in, "chains": len(records[0]["epochs"][0]["proposals"])})
+    shapes = {(r["sentences"], r["chains"], r["burn_in"], len(r["curves"]["accept"])) for r in seeds}
+    if len(shapes) > 1:
+        sys.exit(f"plot_mh: the seeds of one run differ in sentences, chains, burn-in or epochs: {', '.join(paths)}")
+    keys = [k for k in KEYS if all(k in r["summary"] for r in seeds)]
+    run = dict(seeds[0])
+    run["curves"] = {k: [sum(v) / len(v) for v in zip(*(r["curves"][k] for r in seeds))] for k in KEYS}
+    run["summary"] = {k: sum(r["summary"][k] for r in seeds) / len(seeds) for k in keys}
+    run["seeds"] = len(seeds)
+    if len(seeds) > 1:
+        run["summary_std"] = {k: statistics.stdev(r["summary"][k] for r in seeds) for k in keys}
+        run["per_seed"] = [r["summary"] for r in seeds]
+    return run
+
+
+def cell(run: dict, key: str, digits: int) -> str:
+    if key not in run["summary"]:
+        return "-"
+    text = f"{run['summary'][key]:.{digits}f}"
+    if "summary_std" in run:
+        text += f" +- {run['summary_std'][key]:.{digits}f}"
+    return text
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", help="stats files (--mh-stats-file)")
+    p.add_argument("runs", nargs="+", help="stats files (--mh-stats-file); one run's seeds joined by commas")
     p.add_argument("--labels", help="comma-separated run names (default: file names)")
     p.add_argument("--png", help="write PREFIX_<curve>.png")
     p.add_argument("--json", help="write the curves and summaries here")
@@ -83,23 +120,18 @@ def main():
         plt = pyplot() if args.png else None  # fail before any work
     except ImportError as e:
         sys.exit(f"plot_mh: --png: {e}")
-    labels = args.labels.split(",") if args.labels else [os.path.basename(r).rsplit(".", 1)[0] for r in args.runs]
+    labels = (args.labels.split(",") if args.labels
+              else [os.path.basename(r.split(",")[0]).rsplit(".", 1)[0] for r in args.runs])
     if len(labels) != len(args.runs):
         sys.exit(f"plot_mh: {len(labels)} --labels for {len(args.runs)} runs")
     results = {}
-    for label, path in zip(labels, args.runs):
-        records = load(path)
-        curves = per_epoch(records, args.post_process)
-        results[label] = {"curves": curves, "summary": summary(curves, records[0].get("burn_in", 0)),
-                          "sentences": len(records), "burn_in": records[0].get("burn_in", 0),
-                          "chains": len(records[0]["epochs"][0]["proposals"])}
-    print("| run | sentences x chains | E_local | E_raw | accept | novel | BLEU |")
-    print("|---|---|---|---|---|---|---|")
+    for label, paths in zip(labels, args.runs):
+        results[label] = load_run(paths.split(","), args.post_process)
+    print("| run | sentences x chains | seeds | E_local | E_raw | accept | novel | BLEU |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, r in results.items():
-        s = r["summary"]
-        bleu = f"{s['bleu']:.2f}" if "bleu" in s else "-"
-        print(f"| {label} | {r['sentences']} x {r['chains']} | {s['e_local']:.2f} | {s['e_raw']:.2f} | "
-              f"{s['accept']:.3f} | {s['novel']:.3f} | {bleu} |")
+        print(f"| {label} | {r['sentences']} x {r['chains']} | {r['seeds']} | {cell(r, 'e_local', 2)} | "
+              f"{cell(r, 'e_raw', 2)} | {cell(r, 'accept', 3)} | {cell(r, 'novel', 3)} | {cell(r, 'bleu', 2)} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

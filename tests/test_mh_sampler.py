@@ -254,3 +254,29 @@ def test_mh_through_a_cmlm_samples_the_enumerated_target(toy_bin, cmlm, energy, 
     iid = 0.5 * (torch.bincount(draws, minlength=81).double() / chains - p).abs().sum().item()
     assert results["mh"] < 1.5 * iid + 0.02, (results, iid)
     assert results["gibbs"] > results["mh"] + 0.03, (results, iid)
+
+
+def test_plot_mh_averages_a_run_over_its_seeds(tmp_path):
+    """A run given as comma-joined stats files (one per sampler seed) is one row: mean
+    +- sample std over the seeds of each seed's post-burn-in averages. Hand-computed:
+    seed 1 accepts 5/10 and 7/10 after burn-in (0.6), seed 2 3/10 and 5/10 (0.4): mean
+    0.5, std sqrt(2 x 0.1^2 / 1) = 0.141; E_local 4 and 2 (seed 1), 1 and 1 (seed 2):
+    mean 2, std 1.414. Seeds that differ in shape are refused."""
+    def stats(path, accepted, e_local, epochs=3):
+        eps = [{"proposals": [10], "accepted": [a], "novel": [a], "e_local": [e], "e_raw": [-e]}
+               for a, e in zip(accepted, e_local)][:epochs]
+        path.write_text(json.dumps({"id": 0, "ref": "a b", "burn_in": 1, "epochs": eps}) + "\n")
+        return str(path)
+
+    s1 = stats(tmp_path / "s1.jsonl", [0, 5, 7], [9, 4, 2])
+    s2 = stats(tmp_path / "s2.jsonl", [0, 3, 5], [9, 1, 1])
+    out = run_cli(["python", "scripts/plot_mh.py", f"{s1},{s2}", s1, "--labels", "both,one",
+                   "--json", str(tmp_path / "mh.json")]).stdout
+    assert "| both | 1 x 1 | 2 | 2.00 +- 1.41 | -2.00 +- 1.41 | 0.500 +- 0.141 | 0.500 +- 0.141 | - |" in out
+    assert "| one | 1 x 1 | 1 | 3.00 | -3.00 | 0.600 | 0.600 | - |" in out
+    both = json.loads((tmp_path / "mh.json").read_text())["both"]
+    assert both["curves"]["accept"] == pytest.approx([0.0, 0.4, 0.6])
+    assert [s["accept"] for s in both["per_seed"]] == pytest.approx([0.6, 0.4])
+    short = stats(tmp_path / "short.jsonl", [0, 5, 7], [9, 4, 2], epochs=2)
+    with pytest.raises(AssertionError, match="seeds of one run differ"):
+        run_cli(["python", "scripts/plot_mh.py", f"{s1},{short}"])
