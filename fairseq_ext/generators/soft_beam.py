@@ -97,10 +97,11 @@ def _search_dropout(model, mode: str, sentences: int, beam: int) -> Iterator[Dic
     """Dropout of the search pass (module docstring): ``none`` runs ``model`` in
     eval mode; ``shared`` makes every dropout module of the decoder draw one mask
     per sentence for the ``beam`` rows of each of the ``sentences``;
-    ``independent`` changes nothing. Yields ``{"beam": beam}``: the rows per
-    sentence that ``shared`` assumes, which the search sets to 1 while it decodes
-    one row per sentence (its first step)."""
-    rows = {"beam": beam}
+    ``independent`` changes nothing. Yields ``{"beam": beam, "sentences":
+    sentences}``: the rows per sentence and the sentences that ``shared`` assumes,
+    which the search updates as it goes (one row per sentence at its first step;
+    fewer sentences once some have left the batch)."""
+    rows = {"beam": beam, "sentences": sentences}
     if not model.training or mode == "independent" or (mode == "shared" and beam == 1):
         yield rows
     elif mode == "none":
@@ -115,7 +116,7 @@ def _search_dropout(model, mode: str, sentences: int, beam: int) -> Iterator[Dic
         modules = [m for m in model.decoder.modules()
                    if isinstance(m, (torch.nn.Dropout, FairseqDropout)) and m.p > 0]
         for m in modules:
-            m.forward = functools.partial(_shared_dropout, m, sentences, rows)
+            m.forward = functools.partial(_shared_dropout, m, rows)
         try:
             yield rows
         finally:
@@ -123,16 +124,15 @@ def _search_dropout(model, mode: str, sentences: int, beam: int) -> Iterator[Dic
                 del m.forward  # the class's forward again
 
 
-def _shared_dropout(module, sentences: int, rows_per_sentence: Dict[str, int], x: Tensor, *args,
-                    **kwargs) -> Tensor:
-    """``module``'s dropout on ``x`` with one mask per sentence (``rows_per_sentence
-    ["beam"]`` rows each, read at call time): the rows are the
+def _shared_dropout(module, layout: Dict[str, int], x: Tensor, *args, **kwargs) -> Tensor:
+    """``module``'s dropout on ``x`` with one mask per sentence (``layout["sentences"]``
+    sentences of ``layout["beam"]`` rows each, read at call time): the rows are the
     first dimension whose size is a multiple of sentences x beam (fairseq's lstm,
     transformer and tagging_lstm: (B*k, ...) or (1, B*k, ...) states, (B*k*heads,
     ...) attention weights; sentence-major, beam-minor, as in fairseq), viewed as
     (sentences, beam, rest); the mask is drawn for (sentences, 1, rest) and expanded
     over the beam."""
-    beam = rows_per_sentence["beam"]
+    sentences, beam = layout["sentences"], layout["beam"]
     rows = sentences * beam
     dims = [d for d, n in enumerate(x.shape) if n % rows == 0]
     if not module.training or not dims:
@@ -178,15 +178,22 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
     """The search. Step 0 runs the decoder once per sentence (K = 1: every beam
     element starts from the same empty prefix, and elements 1..k-1 are dead until
     the first step fills them) and the first reorder expands its state to k rows;
-    later steps run B x k rows."""
+    later steps run k rows per live sentence.
+
+    A sentence leaves the batch (its rows dropped from the decoder's state and the
+    encoder output, as fairseq's SequenceGenerator drops finished sentences) once
+    its result can no longer change: past its horizon (its elements are frozen),
+    or with ``stop_at_eos`` once all of its elements are finished (they then only
+    append padding, and the result holds only hypotheses that ended with EOS). The
+    steps of the remaining sentences are unchanged, so this only saves work: the
+    decoder runs sum_b k x (steps of b) rows instead of B x k x (longest horizon)."""
     decoder = model.decoder
     check_plain_output_layer(decoder)
     embedding = decoder_embedding(decoder)
     src = net_input["src_tokens"]
     B, k, device = src.size(0), beam, src.device
-    rows = torch.arange(B, device=device).repeat_interleave(k)
     first_encoder_out = model.encoder(src, src_lengths=net_input.get("src_lengths"))
-    encoder_out = model.encoder.reorder_encoder_out(first_encoder_out, rows)
+    encoder_out = model.encoder.reorder_encoder_out(first_encoder_out, torch.arange(B, device=device).repeat_interleave(k))
     dictionary = decoder.dictionary
     # one row per sentence at step 0, unless k exceeds the candidates of one row
     K = 1 if k <= len(dictionary) else k
@@ -198,72 +205,88 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
     dtype = torch.promote_types(embedding.weight.dtype, torch.float32)
     horizon = horizon.to(device)
     T = int(horizon.max())
-    finished = torch.zeros(B, k, dtype=torch.bool, device=device)
+    # full-batch results (B, k): final scores and costs, and per step the hard backpointers
+    # and outputs (a sentence that left: identity and padding), the ended scores and costs
     scores = torch.full((B, k), float("-inf"), device=device, dtype=dtype)
     scores[:, 0] = 0.0
     costs = torch.zeros(B, k, device=device, dtype=dtype)
-    eye = torch.eye(k, device=device, dtype=dtype).expand(B, k, k)
     identity = torch.arange(k, device=device).expand(B, k)
     padding = torch.full_like(identity, pad)
-    all_rows = torch.ones(B * k, 1, dtype=torch.bool, device=device)
-    reorder = SoftReorder(decoder)
-    state: Dict = {}
-    inputs: Optional[Tensor] = None  # (B*k, E) soft inputs (the hard beam feeds tokens through prev)
-    prev = torch.full((B * K, 1), eos, dtype=torch.long, device=device)
     back_hist: List[Tensor] = []
     out_hist: List[Tensor] = []
     ended: List[Tensor] = []  # stop_at_eos: (B, k) score of each element that output EOS at step t, else -inf
     ended_costs: List[Tensor] = []
+    # the live sentences (indices into the batch) and their state; n = len(live)
+    live = torch.arange(B, device=device)
+    live_scores, live_costs, live_horizon, live_step_costs = scores, costs, horizon, step_costs
+    finished = torch.zeros(B, k, dtype=torch.bool, device=device)
+    reorder = SoftReorder(decoder)
+    state: Dict = {}
+    inputs: Optional[Tensor] = None  # (n*k, E) soft inputs (the hard beam feeds tokens through prev)
+    prev = torch.full((B * K, 1), eos, dtype=torch.long, device=device)
     with EmbeddingOverride(embedding) as override:
         for t in range(T):
+            n = live.numel()
             if t > 0 and not hard:
-                override.set(all_rows, inputs.unsqueeze(1))
-            if t == 0:
-                dropout_rows["beam"] = K
+                override.set(torch.ones(n * k, 1, dtype=torch.bool, device=device), inputs.unsqueeze(1))
+            dropout_rows["beam"], dropout_rows["sentences"] = K, n
             logits = decoder(prev, encoder_out=first_encoder_out if t == 0 else encoder_out,
                              incremental_state=state)[0][:, -1]
             dropout_rows["beam"] = k
-            f = local_scores(logits, normalization).view(B, K, -1)
+            f = local_scores(logits, normalization).view(n, K, -1)
             if stop_at_eos:
-                f = _length_rules(f, finished[:, :K], t, horizon, eos, pad, banned[: f.size(-1)])
-            d = None if step_costs is None else step_costs[:, t].to(dtype)
+                f = _length_rules(f, finished[:, :K], t, live_horizon, eos, pad, banned[: f.size(-1)])
+            d = None if live_step_costs is None else live_step_costs[:, t].to(dtype)
             if hard:
-                step = hard_beam_step(scores[:, :K], f, k, costs[:, :K], d, augment)
+                step = hard_beam_step(live_scores[:, :K], f, k, live_costs[:, :K], d, augment)
             else:
-                step = soft_beam_step(scores[:, :K], f, alpha, k, costs[:, :K], d, augment)
-            act = (t < horizon).view(B, 1)
-            scores = torch.where(act, step.scores, scores)
-            costs = torch.where(act, step.costs, costs)
-            mix = torch.where(act.unsqueeze(-1), step.backpointers, eye[..., :K])
-            back_hist.append(torch.where(act, step.hard_backpointers, identity if K == k else 0))
-            out_hist.append(torch.where(act, step.hard_outputs, padding))
+                step = soft_beam_step(live_scores[:, :K], f, alpha, k, live_costs[:, :K], d, augment)
+            # every live sentence is within its horizon (t < horizon): the step applies to all
+            live_scores, live_costs = step.scores, step.costs
+            scores, costs = scores.index_copy(0, live, live_scores), costs.index_copy(0, live, live_costs)
+            back_hist.append((identity if K == k else torch.zeros_like(identity)).index_copy(0, live, step.hard_backpointers))
+            out_hist.append(padding.index_copy(0, live, step.hard_outputs))
+            done = t + 1 >= live_horizon  # (n,) the sentences whose result is final after this step
             if stop_at_eos:
-                now = act & out_hist[-1].eq(eos)
-                ended.append(scores.masked_fill(~now, float("-inf")))
+                now = step.hard_outputs.eq(eos)
+                ended.append(torch.full_like(scores, float("-inf")).index_copy(
+                    0, live, live_scores.masked_fill(~now, float("-inf"))))
                 ended_costs.append(costs)
-                finished = finished.gather(1, back_hist[-1]) | now
-                if bool((finished | (t + 1 >= horizon).view(B, 1)).all()):
-                    break
-            if t + 1 == T:
+                finished = finished.gather(1, step.hard_backpointers) | now
+                done = done | finished.all(1)
+            if bool(done.all()):
                 break
             if hard:
-                order = (torch.arange(B, device=device).view(B, 1) * K + back_hist[-1]).view(-1)
+                order = (torch.arange(n, device=device).view(n, 1) * K + step.hard_backpointers).view(-1)
                 decoder.reorder_incremental_state_scripting(state, order)
                 # finished elements (output pad) are fed EOS: their scores no longer change
-                fed = out_hist[-1].masked_fill(out_hist[-1].eq(pad), eos)
+                fed = step.hard_outputs.masked_fill(step.hard_outputs.eq(pad), eos)
                 prev = torch.cat([prev.index_select(0, order), fed.view(-1, 1)], dim=1)
             else:
                 if K < k:
                     # from one row per sentence: the soft backpointers of a live element are
                     # sum_w p_i(w) = 1 whatever the scores (no gradient), and a dead element's
                     # state is never used, so the expansion is fairseq's hard reorder
-                    decoder.reorder_incremental_state_scripting(state, rows)
-                    prev = prev.index_select(0, rows)
+                    expand = torch.arange(n, device=device).repeat_interleave(k)
+                    decoder.reorder_incremental_state_scripting(state, expand)
+                    prev = prev.index_select(0, expand)
                 else:
-                    reorder(state, mix.reshape(B * k, k), B)
-                inputs = (step.outputs @ embedding.weight.to(step.outputs.dtype)).view(B * k, -1)
+                    reorder(state, step.backpointers.reshape(n * k, k), n)
+                inputs = (step.outputs @ embedding.weight.to(step.outputs.dtype)).view(n * k, -1)
                 prev = torch.cat([prev, prev[:, -1:]], dim=1)
             K = k
+            if bool(done.any()):  # drop the finished sentences' rows
+                keep = (~done).nonzero().squeeze(1)
+                rows = (keep.view(-1, 1) * k + torch.arange(k, device=device)).view(-1)
+                decoder.reorder_incremental_state_scripting(state, rows)
+                encoder_out = model.encoder.reorder_encoder_out(encoder_out, rows)
+                prev = prev.index_select(0, rows)
+                if inputs is not None:
+                    inputs = inputs.index_select(0, rows)
+                live, live_scores, live_costs = live[keep], live_scores[keep], live_costs[keep]
+                live_horizon, finished = live_horizon[keep], finished[keep]
+                if live_step_costs is not None:
+                    live_step_costs = live_step_costs[keep]
     if stop_at_eos:
         return _best_ended(ended, ended_costs, back_hist, out_hist, k, pad)
     best = scores.argmax(-1)
