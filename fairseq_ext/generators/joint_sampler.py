@@ -28,15 +28,24 @@ def sample_continuations(lm, prefixes: Tensor, length: int, n: int, topk: int = 
 
     lm: a fairseq decoder-only LM (``transformer_lm``); its input starts with <eos>
     as BOS, as in fairseq language modeling. prefixes: (B, P).
-    Returns (B, n, length) LongTensor. One forward of the decoder body per step
-    (no incremental state: the prompt is re-encoded in parallel at every step);
-    the output projection only at the last position.
+    Returns (B, n, length) LongTensor. Incremental decoding, as fairseq's
+    SequenceGenerator runs it: the prompt is fed one token a step on the B prefixes
+    (the decoder's cache filled once per prefix), the cache is then expanded to the
+    B x n samples, and each sampled token costs one single-position step.
     """
     bsz = prefixes.size(0)
-    history = _with_bos(lm, prefixes).repeat_interleave(n, dim=0)  # (B*n, 1+P)
-    for _ in range(length):
-        features = lm.decoder.extract_features(history, None)[0][:, -1:]
-        lprobs = lm.get_normalized_probs((lm.decoder.output_layer(features),), log_probs=True)[:, 0].float()
+    prompt = _with_bos(lm, prefixes)  # (B, 1+P)
+    state: Dict = {}
+    for j in range(prompt.size(1)):
+        logits = lm.decoder(prompt[:, : j + 1], incremental_state=state)[0]
+    expand = torch.arange(bsz, device=prefixes.device).repeat_interleave(n)
+    lm.decoder.reorder_incremental_state_scripting(state, expand)
+    history = prompt.index_select(0, expand)  # (B*n, 1+P)
+    logits = logits.index_select(0, expand)
+    for t in range(length):
+        if t > 0:
+            logits = lm.decoder(history, incremental_state=state)[0]
+        lprobs = lm.get_normalized_probs((logits[:, -1:],), log_probs=True)[:, 0].float()
         history = torch.cat([history, choose_tokens(lprobs, True, topk=topk, generator=generator)[:, None]], 1)
     return history[:, -length:].view(bsz, n, length)
 
