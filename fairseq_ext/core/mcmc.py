@@ -28,7 +28,7 @@ can make the chain reducible (a token outside the nucleus of its own context can
 never be proposed back, so some states can never be left), and then the chain
 samples p only within the class of its start; the mixture gives every allowed
 token positive probability, so the chain is irreducible and converges to p from
-any start. Since y and y' agree outside I, the same forward gives since y and y' agree outside I, the same forward gives
+any start. Since y and y' agree outside I, the same forward gives
 q(y'|y) = prod_i q_i(y'_i) and q(y|y') = prod_i q_i(y_i). Acceptance (section 6.3):
 
     log a = min(0, (E(y) - E(y')) / T_target + log q(y|y') - log q(y'|y))
