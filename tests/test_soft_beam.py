@@ -424,6 +424,36 @@ def test_open_length_beam_scores_are_summed_and_hypotheses_end_with_eos(translat
                 assert float(h["positional_scores"].sum()) == pytest.approx(float(h["score"]), abs=1e-3)
 
 
+@pytest.mark.parametrize("arch", ["transformer", "lstm", "tagging_lstm"])
+@pytest.mark.parametrize("hard", [False, True])
+def test_a_sentences_search_does_not_depend_on_its_batch(arch, hard, tagger, translators):
+    """Sentences of different horizons leave the search's batch at different steps
+    (their rows dropped from the decoder's state, the encoder output and the soft
+    inputs); each sentence's final scores and hypotheses equal those of the same
+    sentence searched alone, where nothing is dropped. Fails when the kept rows are
+    mis-indexed in any of them (soft search: the state, then the mix)."""
+    task, model, sample = _models(tagger, translators)[arch]
+    net = sample["net_input"]
+    target = sample["target"]
+    if arch == "tagging_lstm":
+        horizon, open_length = target.ne(1).sum(1), False
+    else:
+        horizon, open_length = target.ne(1).sum(1) + 2, True
+    assert horizon.unique().numel() > 2  # several leaving steps
+    with torch.no_grad():
+        batch = run_beam(model, net, horizon, 3, alpha=2.0, hard=hard, stop_at_eos=open_length)
+        for b in range(target.size(0)):
+            src = net["src_tokens"][b: b + 1]
+            src = src[:, src[0].ne(task.source_dictionary.pad())]  # its own length: no padding columns
+            alone = run_beam(model, {"src_tokens": src, "src_lengths": net["src_lengths"][b: b + 1]},
+                             horizon[b: b + 1], 3, alpha=2.0, hard=hard, stop_at_eos=open_length)
+            assert torch.allclose(batch.scores[b], alone.scores[0], atol=1e-4), (b, batch.scores[b], alone.scores[0])
+            if hard:
+                length = alone.tokens.size(-1)
+                assert torch.equal(batch.tokens[b, :, :length], alone.tokens[0]), b
+                assert batch.tokens[b, :, length:].eq(1).all(), b
+
+
 def _shift_eos(model, eos: int, shift: float):
     """A forward hook adding ``shift`` to the EOS logit of the decoder's output layer."""
     layer = model.decoder.output_projection if hasattr(model.decoder, "output_projection") else model.decoder.fc_out

@@ -193,7 +193,8 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
     src = net_input["src_tokens"]
     B, k, device = src.size(0), beam, src.device
     first_encoder_out = model.encoder(src, src_lengths=net_input.get("src_lengths"))
-    encoder_out = model.encoder.reorder_encoder_out(first_encoder_out, torch.arange(B, device=device).repeat_interleave(k))
+    beam_rows = torch.arange(B, device=device).repeat_interleave(k)
+    encoder_out = model.encoder.reorder_encoder_out(first_encoder_out, beam_rows)
     dictionary = decoder.dictionary
     # one row per sentence at step 0, unless k exceeds the candidates of one row
     K = 1 if k <= len(dictionary) else k
@@ -244,7 +245,8 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
             # every live sentence is within its horizon (t < horizon): the step applies to all
             live_scores, live_costs = step.scores, step.costs
             scores, costs = scores.index_copy(0, live, live_scores), costs.index_copy(0, live, live_costs)
-            back_hist.append((identity if K == k else torch.zeros_like(identity)).index_copy(0, live, step.hard_backpointers))
+            back = identity if K == k else torch.zeros_like(identity)
+            back_hist.append(back.index_copy(0, live, step.hard_backpointers))
             out_hist.append(padding.index_copy(0, live, step.hard_outputs))
             done = t + 1 >= live_horizon  # (n,) the sentences whose result is final after this step
             if stop_at_eos:
@@ -256,33 +258,34 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
                 done = done | finished.all(1)
             if bool(done.all()):
                 break
+            # the finished sentences leave the batch: each reorder below keeps only the rows
+            # of the sentences in ``keep``, so their state is never reordered, mixed or decoded again
+            keep = (~done).nonzero().squeeze(1)
             if hard:
-                order = (torch.arange(n, device=device).view(n, 1) * K + step.hard_backpointers).view(-1)
+                order = (keep.view(-1, 1) * K + step.hard_backpointers[keep]).view(-1)
                 decoder.reorder_incremental_state_scripting(state, order)
                 # finished elements (output pad) are fed EOS: their scores no longer change
-                fed = step.hard_outputs.masked_fill(step.hard_outputs.eq(pad), eos)
+                fed = step.hard_outputs[keep].masked_fill(step.hard_outputs[keep].eq(pad), eos)
                 prev = torch.cat([prev.index_select(0, order), fed.view(-1, 1)], dim=1)
             else:
+                rows = (keep.view(-1, 1) * K + torch.arange(K, device=device)).view(-1)  # their rows now
                 if K < k:
                     # from one row per sentence: the soft backpointers of a live element are
                     # sum_w p_i(w) = 1 whatever the scores (no gradient), and a dead element's
                     # state is never used, so the expansion is fairseq's hard reorder
-                    expand = torch.arange(n, device=device).repeat_interleave(k)
-                    decoder.reorder_incremental_state_scripting(state, expand)
-                    prev = prev.index_select(0, expand)
+                    rows = rows.repeat_interleave(k)
+                    decoder.reorder_incremental_state_scripting(state, rows)
                 else:
-                    reorder(state, step.backpointers.reshape(n * k, k), n)
-                inputs = (step.outputs @ embedding.weight.to(step.outputs.dtype)).view(n * k, -1)
+                    if keep.numel() < n:
+                        decoder.reorder_incremental_state_scripting(state, rows)
+                    reorder(state, step.backpointers[keep].reshape(-1, k), keep.numel())
+                inputs = (step.outputs[keep] @ embedding.weight.to(step.outputs.dtype)).flatten(0, 1)
+                prev = prev.index_select(0, rows)
                 prev = torch.cat([prev, prev[:, -1:]], dim=1)
             K = k
-            if bool(done.any()):  # drop the finished sentences' rows
-                keep = (~done).nonzero().squeeze(1)
-                rows = (keep.view(-1, 1) * k + torch.arange(k, device=device)).view(-1)
-                decoder.reorder_incremental_state_scripting(state, rows)
-                encoder_out = model.encoder.reorder_encoder_out(encoder_out, rows)
-                prev = prev.index_select(0, rows)
-                if inputs is not None:
-                    inputs = inputs.index_select(0, rows)
+            if keep.numel() < n:
+                encoder_out = model.encoder.reorder_encoder_out(
+                    encoder_out, (keep.view(-1, 1) * k + torch.arange(k, device=device)).view(-1))
                 live, live_scores, live_costs = live[keep], live_scores[keep], live_costs[keep]
                 live_horizon, finished = live_horizon[keep], finished[keep]
                 if live_step_costs is not None:
