@@ -17,7 +17,6 @@ untimed rounds, ``--repeats`` interleaved rounds, median, wall clock. Printed,
 never asserted. ``residual_nce`` (another task and model) is measured by
 ``bench_residual.py``.
 """
-import json
 import logging
 import os
 import sys
@@ -87,13 +86,10 @@ def main(argv=None) -> None:
     device = torch.device(args.device)
     torch.manual_seed(1)
     rows = bench(args, device)
-    print(f"training step of each criterion / cross-entropy step, transformer, batch {args.batch_size}, "
-          f"device {device}, {args.threads} thread(s), median of {args.repeats}")
-    print(timing.table(["row", "ms / step", "ratio to ce"], [[r["row"], f"{r['ms']:.1f}", f"{r['ratio']:.2f}"]
-                                                            for r in rows]))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+    timing.report(f"training step of each criterion / cross-entropy step, transformer, batch {args.batch_size}, "
+                  f"device {device}, {args.threads} thread(s), median of {args.repeats}",
+                  timing.table(["row", "ms / step", "ratio to ce"],
+                               [[r["row"], f"{r['ms']:.1f}", f"{r['ratio']:.2f}"] for r in rows]), rows, args.json)
 
 
 if __name__ == "__main__":

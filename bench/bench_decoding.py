@@ -73,10 +73,7 @@ import timing  # noqa: E402  (bench/timing.py)
 
 # appended after toy.TINY_ARCHS[arch]: argparse keeps the last value of a repeated option
 MODERATE_ARCHS = {
-    "transformer": ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
-                    "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
-                    "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
-                    "--decoder-attention-heads", "4"],
+    "transformer": timing.TRANSFORMER,
     "lstm": ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "256",
              "--decoder-embed-dim", "256", "--encoder-hidden-size", "256", "--decoder-hidden-size", "256",
              "--decoder-out-embed-dim", "256"],

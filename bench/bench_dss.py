@@ -26,7 +26,6 @@ order alternates), median per row; wall clock; ``torch.set_num_threads(--threads
 Ratios are printed, never asserted.
 """
 import argparse
-import json
 import logging
 import os
 import sys
@@ -48,10 +47,7 @@ from fairseq_ext.criterions.scheduled_sampling import DifferentiableScheduledSam
 import timing  # noqa: E402  (bench/timing.py)
 
 ARCHS = {
-    "transformer": ["--arch", "transformer", "--encoder-layers", "3", "--decoder-layers", "3",
-                    "--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
-                    "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
-                    "--decoder-attention-heads", "4"],
+    "transformer": ["--arch", "transformer", *timing.TRANSFORMER],
     "lstm": ["--arch", "lstm", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "256",
              "--decoder-embed-dim", "256", "--encoder-hidden-size", "256", "--decoder-hidden-size", "256",
              "--decoder-out-embed-dim", "256"],
@@ -107,13 +103,10 @@ def main(argv=None) -> None:
         rows = []
         for arch, arch_args in (QUICK_ARCHS if args.quick else ARCHS).items():
             rows += bench_arch(data, arch, arch_args, args, device)
-    print(f"DSS step time / cross-entropy step time, batch {args.batch_size}, "
-          f"mean target length {rows[0]['mean_target_len']:.1f} (max {rows[0]['max_target_len']}), "
-          f"device {device}, {args.threads} thread(s), median of {args.repeats}")
-    print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+    timing.report(f"DSS step time / cross-entropy step time, batch {args.batch_size}, "
+                  f"mean target length {rows[0]['mean_target_len']:.1f} (max {rows[0]['max_target_len']}), "
+                  f"device {device}, {args.threads} thread(s), median of {args.repeats}", format_table(rows), rows,
+                  args.json)
 
 
 if __name__ == "__main__":

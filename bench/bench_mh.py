@@ -24,7 +24,6 @@ Rows:
 Time: ``--warmup`` untimed rounds, ``--repeats`` interleaved rounds, median wall
 clock. Printed, never asserted.
 """
-import json
 import logging
 import os
 import sys
@@ -131,15 +130,12 @@ def main():
         rate = counts[name] / ms[name] * 1000
         rows.append({"row": name, "proposals": counts[name], "ms": ms[name], "proposals_per_s": rate,
                      "speedup": rate / (base * 1000)})
-    print(f"cmlm_transformer ({'tiny' if args.quick else '2+2 layers, 192'}), {src.size(0)} sentences x "
-          f"{args.chains} chains, mean target length {free.sum(1).float().mean():.1f}, device {device}, "
-          f"{args.threads} thread(s)")
-    print(timing.table(["row", "proposals", "ms", "proposals/s", "vs algorithm 4"],
-                       [[r["row"], str(r["proposals"]), f"{r['ms']:.1f}", f"{r['proposals_per_s']:.1f}",
-                         f"{r['speedup']:.1f}x"] for r in rows]))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    timing.report(f"cmlm_transformer ({'tiny' if args.quick else '2+2 layers, 192'}), {src.size(0)} sentences x "
+                  f"{args.chains} chains, mean target length {free.sum(1).float().mean():.1f}, device {device}, "
+                  f"{args.threads} thread(s)",
+                  timing.table(["row", "proposals", "ms", "proposals/s", "vs algorithm 4"],
+                               [[r["row"], str(r["proposals"]), f"{r['ms']:.1f}", f"{r['proposals_per_s']:.1f}",
+                                 f"{r['speedup']:.1f}x"] for r in rows]), rows, args.json, indent=1)
 
 
 if __name__ == "__main__":

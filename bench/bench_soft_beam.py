@@ -175,12 +175,9 @@ def main(argv=None) -> None:
         return
     device = torch.device(args.device)
     rows = bench("tagging", args, device) + bench("transformer", args, device)
-    print(f"soft beam step / cross-entropy step, batch {args.batch_size}, device {device}, {args.threads} thread(s), "
-          f"median of {args.repeats}; peak memory of one step above the built model and batch")
-    print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+    timing.report(f"soft beam step / cross-entropy step, batch {args.batch_size}, device {device}, "
+                  f"{args.threads} thread(s), median of {args.repeats}; peak memory of one step above the built "
+                  "model and batch", format_table(rows), rows, args.json)
 
 
 if __name__ == "__main__":

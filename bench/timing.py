@@ -59,6 +59,17 @@ def table(head: List[str], lines: List[List[str]], left: int = 1) -> str:
     return "\n".join([fmt(head), "  ".join("-" * w for w in widths)] + [fmt(r) for r in lines])
 
 
+def report(title: str, text: str, rows, json_path=None, indent: int = 2) -> None:
+    """Print a benchmark's title line and table; write ``rows`` as JSON to ``json_path`` if given."""
+    print(title)
+    print(text)
+    if json_path:
+        import json
+
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=indent)
+
+
 def step_bench_parser(doc: str):
     """The options shared by the step benchmarks (bench_dss, bench_soft_beam, bench_criteria)."""
     import argparse
