@@ -18,7 +18,8 @@
 #    6.4 (block), 6.5 (annealing 0.02 / 0.04 / 0.06 per epoch, and to the floor at 60% of
 #    the epochs printing each chain's lowest-energy state) and 6.6 (annealing with
 #    proposal temperature 0.8 and 2 accept-all epochs);
-# 5. scripts/plot_mh.py: the table (averages after burn-in) and PNG curves.
+# 5. scripts/plot_mh.py: the table (averages after burn-in) and PNG curves of every finished run
+#    in WORK/nSENTENCES (table order), whatever ONLY ran this time.
 #
 # usage: examples/mh_multi30k.sh WORK_DIR
 # env: FAIRSEQ_EXT_DATA (required), UPDATES (12000, about 3.5 h on one core; by then the
@@ -146,11 +147,15 @@ for name in $ONLY; do
 done
 wait
 
+# the summary covers every finished run of OUT in table order, not only this call's ONLY (a call
+# that runs a few rows would otherwise overwrite the table and figures of the others)
+FINISHED=""
+for name in $ORDER; do [ -s "$OUT/$name.json" ] && [ -s "$OUT/$name.jsonl" ] && FINISHED+=" $name"; done
 echo "BLEU of the printed hypotheses (baselines; samplers: chain 0's final state, or its lowest-energy state with --mh-output best)"
-for b in warm_start mask_predict $ONLY; do
+for b in warm_start mask_predict $FINISHED; do
   echo "$b: $("$PYTHON" -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["bleu"], 2))' "$OUT/$b.json")"
 done
 echo "Averages over the epochs after burn-in, all chains"
-files=(); for name in $ONLY; do files+=("$OUT/$name.jsonl"); done
-"$PYTHON" scripts/plot_mh.py "${files[@]}" --labels "$(echo $ONLY | tr ' ' ,)" --json "$OUT/mh_summary.json" \
+files=(); for name in $FINISHED; do files+=("$OUT/$name.jsonl"); done
+"$PYTHON" scripts/plot_mh.py "${files[@]}" --labels "$(echo $FINISHED | tr ' ' ,)" --json "$OUT/mh_summary.json" \
   $("$PYTHON" -c 'import matplotlib' 2>/dev/null && echo --png "$OUT/mh")
