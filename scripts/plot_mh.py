@@ -10,14 +10,18 @@ the corpus BLEU of each chain's states (sacrebleu, averaged over chains).
 Prints a markdown table of the averages over the epochs after burn-in (the layout
 of the thesis's Tables 6.2-6.5: E_local, novel rate, acceptance, BLEU) and with
 ``--png PREFIX`` draws PREFIX_{accept,novel,e_local,e_raw,bleu}.png against epochs
-(Figures 6.2-6.4 analogues; needs matplotlib: ``pip install -e '.[plot]'``).
+(Figures 6.2-6.4 analogues; needs matplotlib: ``pip install -e '.[plot]'``);
+``--curves`` picks which, ``--panels`` draws them side by side in one PREFIX.png
+(the thesis's figure layout), ``--bleu-line NAME=VALUE`` adds a horizontal reference
+(e.g. Mask-Predict's BLEU) to the BLEU curve.
 
 A run given as comma-separated stats files (``s1.jsonl,s2.jsonl,s3.jsonl``: one per
 sampler seed) is one row: each file is summarised on its own, and the row gives the
 mean +- sample std over the files (the curves: their mean).
 
 usage: scripts/plot_mh.py RUN.jsonl[,SEED2.jsonl ...] [RUN2.jsonl ...] [--labels a,b]
-       [--png PREFIX] [--json FILE] [--post-process sentencepiece|none]
+       [--png PREFIX [--curves e_local,bleu] [--panels] [--bleu-line NAME=VALUE ...]]
+       [--json FILE] [--post-process sentencepiece|none]
 """
 import argparse
 import json
@@ -31,6 +35,8 @@ import sacrebleu
 from fairseq_ext.plotting import pyplot
 
 KEYS = ("accept", "novel", "e_local", "e_raw", "bleu")
+NAMES = {"accept": "acceptance rate", "novel": "novel-transition rate", "e_local": "mean E_local",
+         "e_raw": "mean E_raw", "bleu": "BLEU (mean over chains)"}
 
 
 def detok(text: str, post_process: str) -> str:
@@ -111,11 +117,28 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="stats files (--mh-stats-file); one run's seeds joined by commas")
     p.add_argument("--labels", help="comma-separated run names (default: file names)")
-    p.add_argument("--png", help="write PREFIX_<curve>.png")
+    p.add_argument("--png", help="write PREFIX_<curve>.png (with --panels: PREFIX.png)")
+    p.add_argument("--curves", default=",".join(KEYS), help=f"curves to draw, comma-separated, of {','.join(KEYS)}")
+    p.add_argument("--panels", action="store_true", help="one figure, the curves side by side")
+    p.add_argument("--bleu-line", action="append", default=[], metavar="NAME=VALUE",
+                   help="a horizontal reference line on the BLEU curve (repeatable)")
     p.add_argument("--json", help="write the curves and summaries here")
     p.add_argument("--post-process", default="sentencepiece", choices=["sentencepiece", "none"],
                    help="how to detokenize hypotheses and references for BLEU")
     args = p.parse_args()
+    curves = args.curves.split(",")
+    bad = [c for c in curves if c not in KEYS]
+    if bad:
+        sys.exit(f"plot_mh: --curves: unknown curve {bad[0]!r} (choose from {','.join(KEYS)})")
+    lines = []
+    for spec in args.bleu_line:
+        name, _, value = spec.rpartition("=")
+        try:
+            lines.append((name, float(value)))
+        except ValueError:
+            sys.exit(f"plot_mh: --bleu-line: expected NAME=VALUE, got {spec!r}")
+        if not name:
+            sys.exit(f"plot_mh: --bleu-line: expected NAME=VALUE, got {spec!r}")
     try:
         plt = pyplot() if args.png else None  # fail before any work
     except ImportError as e:
@@ -136,24 +159,38 @@ def main():
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     if args.png:
-        names = {"accept": "acceptance rate", "novel": "novel-transition rate", "e_local": "mean E_local",
-                 "e_raw": "mean E_raw", "bleu": "BLEU (mean over chains)"}
-        for key, name in names.items():
-            if not any(r["curves"][key] for r in results.values()):
-                continue
-            fig, ax = plt.subplots(figsize=(5, 3.5))
-            for label, r in results.items():
-                if r["curves"][key]:
-                    ax.plot(range(len(r["curves"][key])), r["curves"][key], label=label)
-            burn = max(r["burn_in"] for r in results.values())
-            if burn:
-                ax.axvline(burn - 0.5, color="grey", linestyle=":", linewidth=1)
-            ax.set_xlabel("epoch")
-            ax.set_ylabel(name)
-            ax.legend(fontsize=7)
+        drawn = [k for k in curves if any(r["curves"][k] for r in results.values())]
+        if args.panels:
+            fig, axes = plt.subplots(1, len(drawn), figsize=(4 * len(drawn), 3.2), squeeze=False)
+            for key, ax in zip(drawn, axes[0]):
+                draw_curve(ax, key, results, lines)
             fig.tight_layout()
-            fig.savefig(f"{args.png}_{key}.png", dpi=110)
+            fig.savefig(f"{args.png}.png", dpi=110)
             plt.close(fig)
+        else:
+            for key in drawn:
+                fig, ax = plt.subplots(figsize=(5, 3.5))
+                draw_curve(ax, key, results, lines)
+                fig.tight_layout()
+                fig.savefig(f"{args.png}_{key}.png", dpi=110)
+                plt.close(fig)
+
+
+def draw_curve(ax, key: str, results: Dict[str, dict], bleu_lines) -> None:
+    """One curve of every run against epochs, the end of burn-in dotted; on the BLEU
+    curve, the reference lines (dashed, labelled)."""
+    for label, r in results.items():
+        if r["curves"][key]:
+            ax.plot(range(len(r["curves"][key])), r["curves"][key], label=label)
+    burn = max(r["burn_in"] for r in results.values())
+    if burn:
+        ax.axvline(burn - 0.5, color="grey", linestyle=":", linewidth=1)
+    if key == "bleu":
+        for (name, value), color in zip(bleu_lines, ("black", "dimgrey", "silver")):
+            ax.axhline(value, color=color, linestyle="--", linewidth=1, label=f"{name} ({value:g})")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(NAMES[key])
+    ax.legend(fontsize=7)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import itertools
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -280,3 +282,23 @@ def test_plot_mh_averages_a_run_over_its_seeds(tmp_path):
     short = stats(tmp_path / "short.jsonl", [0, 5, 7], [9, 4, 2], epochs=2)
     with pytest.raises(AssertionError, match="seeds of one run differ"):
         run_cli(["python", "scripts/plot_mh.py", f"{s1},{short}"])
+
+
+def test_plot_mh_draws_the_chosen_curves_as_panels_of_one_figure(tmp_path):
+    """--panels: one PREFIX.png, a panel per --curves entry (4 x 3.2 inches each at
+    110 dpi); --bleu-line and --curves refuse bad values in one line naming the option."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    eps = [{"proposals": [10], "accepted": [a], "novel": [a], "e_local": [e], "e_raw": [-e]}
+           for a, e in zip([9, 5, 7], [9, 4, 2])]
+    stats = tmp_path / "s.jsonl"
+    stats.write_text(json.dumps({"id": 0, "ref": "a b", "burn_in": 1, "epochs": eps}) + "\n")
+    run_cli(["python", "scripts/plot_mh.py", str(stats), "--png", str(tmp_path / "fig"), "--panels",
+             "--curves", "accept,e_local", "--bleu-line", "Mask-Predict=26.4"])
+    assert imread(str(tmp_path / "fig.png")).shape[:2] == (352, 880)
+    assert not list(tmp_path.glob("fig_*.png"))
+    for bad, option in ((["--curves", "accept,energy"], "--curves"), (["--bleu-line", "26.4"], "--bleu-line")):
+        proc = subprocess.run([sys.executable, "scripts/plot_mh.py", str(stats), "--png", str(tmp_path / "x"), *bad],
+                              cwd=REPO, capture_output=True, text=True)
+        assert proc.returncode != 0 and proc.stderr.strip().count("\n") == 0 and option in proc.stderr, proc.stderr
