@@ -2,6 +2,7 @@
 
 A benchmark compares functions timed in the same run; calling them in alternating
 order (ABBA...) spreads slow drifts of a shared machine's load over all of them."""
+import json
 import statistics
 import time
 from typing import Callable, Dict, List, Tuple
@@ -64,8 +65,6 @@ def report(title: str, text: str, rows, json_path=None, indent: int = 2) -> None
     print(title)
     print(text)
     if json_path:
-        import json
-
         with open(json_path, "w") as f:
             json.dump(rows, f, indent=indent)
 

@@ -113,6 +113,17 @@ def cell(run: dict, key: str, digits: int) -> str:
     return text
 
 
+def reference_line(spec: str):
+    """``NAME=VALUE`` of --bleu-line as (name, value); exit naming the option otherwise."""
+    name, _, value = spec.rpartition("=")
+    try:
+        if name:
+            return name, float(value)
+    except ValueError:
+        pass
+    sys.exit(f"plot_mh: --bleu-line: expected NAME=VALUE, got {spec!r}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="stats files (--mh-stats-file); one run's seeds joined by commas")
@@ -130,15 +141,7 @@ def main():
     bad = [c for c in curves if c not in KEYS]
     if bad:
         sys.exit(f"plot_mh: --curves: unknown curve {bad[0]!r} (choose from {','.join(KEYS)})")
-    lines = []
-    for spec in args.bleu_line:
-        name, _, value = spec.rpartition("=")
-        try:
-            lines.append((name, float(value)))
-        except ValueError:
-            sys.exit(f"plot_mh: --bleu-line: expected NAME=VALUE, got {spec!r}")
-        if not name:
-            sys.exit(f"plot_mh: --bleu-line: expected NAME=VALUE, got {spec!r}")
+    lines = [reference_line(spec) for spec in args.bleu_line]
     try:
         plt = pyplot() if args.png else None  # fail before any work
     except ImportError as e:
@@ -160,7 +163,7 @@ def main():
             json.dump(results, f, indent=1)
     if args.png:
         drawn = [k for k in curves if any(r["curves"][k] for r in results.values())]
-        if args.panels:
+        if args.panels and drawn:
             fig, axes = plt.subplots(1, len(drawn), figsize=(4 * len(drawn), 3.2), squeeze=False)
             for key, ax in zip(drawn, axes[0]):
                 draw_curve(ax, key, results, lines)
@@ -186,7 +189,9 @@ def draw_curve(ax, key: str, results: Dict[str, dict], bleu_lines) -> None:
     if burn:
         ax.axvline(burn - 0.5, color="grey", linestyle=":", linewidth=1)
     if key == "bleu":
-        for (name, value), color in zip(bleu_lines, ("black", "dimgrey", "silver")):
+        greys = ("black", "dimgrey", "silver")
+        for i, (name, value) in enumerate(bleu_lines):  # every line drawn, the greys repeating
+            color = greys[i % len(greys)]
             ax.axhline(value, color=color, linestyle="--", linewidth=1, label=f"{name} ({value:g})")
     ax.set_xlabel("epoch")
     ax.set_ylabel(NAMES[key])
