@@ -101,19 +101,21 @@ declare -A RUNS=(
 ORDER="ce sn ce_ft ce_local ce_global sn_local sn_global"
 ONLY=${ONLY:-$ORDER}
 
-gen() {  # dir split mode options...
+gen() {  # dir split mode options... (skipped when its score file exists: a resumed or kept run)
   local dir=$1 split=$2 mode=$3; shift 3
+  [ -s "$dir/$split.$mode.json" ] && return 0
   fairseq-generate "$D" --user-dir fairseq_ext --task translation_search --path "$dir/checkpoint_best.pt" \
     --gen-subset "$split" --batch-size 128 --max-len-a 1.2 --max-len-b 10 --post-process sentencepiece "$@" \
     > "$dir/$split.$mode.gen" 2> "$dir/$split.$mode.gen.log"
   "$PYTHON" scripts/score.py "$dir/$split.$mode.gen" --json "$dir/$split.$mode.json" > /dev/null
 }
 
-decode() {  # dir init normalisation
+decode() {  # dir init normalisation; test first, the hard beam first (what the comparison
+  # with the control needs), so a session that ends early loses dev numbers, not the table's
   local dir=$1 init=$2 norm=$3 split
-  for split in valid test; do
-    gen "$dir" $split greedy --beam 1
+  for split in test valid; do
     gen "$dir" $split hard --beam 3 --translation-search hard --search-normalization "$norm"
+    gen "$dir" $split greedy --beam 1
     [ "$init" = - ] || gen "$dir" $split soft --beam 3 --translation-search soft --search-normalization "$norm" \
       --search-alpha "$ALPHA_FINAL"
   done
@@ -158,7 +160,7 @@ for name in $ONLY; do
     echo "trained: $name in $(( $(date +%s) - start )) s ($(date -u +%H:%M:%S))"
   fi
   throttle "$DECODE_JOBS"
-  { [ "$init" != - ] || logz "$dir"; decode "$dir" "$init" "$norm"; echo "decoded: $name ($(date -u +%H:%M:%S))"; } &
+  { decode "$dir" "$init" "$norm"; [ "$init" != - ] || logz "$dir"; echo "decoded: $name ($(date -u +%H:%M:%S))"; } &
 done
 done
 wait
