@@ -101,9 +101,10 @@ declare -A RUNS=(
 ORDER="ce sn ce_ft ce_local ce_global sn_local sn_global"
 ONLY=${ONLY:-$ORDER}
 
-gen() {  # dir split mode options... (skipped when its score file exists: a resumed or kept run)
+gen() {  # dir split mode options... (skipped when its score file is newer than the checkpoint:
+  # a resumed decode; a run retrained after its kept scores were restored is decoded again)
   local dir=$1 split=$2 mode=$3; shift 3
-  [ -s "$dir/$split.$mode.json" ] && return 0
+  [ "$dir/$split.$mode.json" -nt "$dir/checkpoint_best.pt" ] && return 0
   fairseq-generate "$D" --user-dir fairseq_ext --task translation_search --path "$dir/checkpoint_best.pt" \
     --gen-subset "$split" --batch-size 128 --max-len-a 1.2 --max-len-b 10 --post-process sentencepiece "$@" \
     > "$dir/$split.$mode.gen" 2> "$dir/$split.$mode.gen.log"
