@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, cli_env
+from conftest import REPO, cli_env, run_cli
 from fairseq_ext import toy
 from fairseq_ext.core.mgs import ParameterSearch, ProposalConfig
 
@@ -27,11 +27,11 @@ CRITERIA = {
 PRECISIONS = {"fp16": ["--fp16"], "memory-efficient-fp16": ["--memory-efficient-fp16"], "amp": ["--amp"]}
 
 
-def _train(data, out, extra):
+def _train(data, out, extra, arch="transformer"):
     os.makedirs(out, exist_ok=True)
     env = cli_env(DUMP_DIR=str(out))
     proc = subprocess.run([sys.executable, SCRIPT, data, "--user-dir", os.path.join(REPO, "fairseq_ext"),
-                           "--task", "translation", *toy.TINY_ARCHS["transformer"], "--optimizer", "adam",
+                           "--task", "translation", *toy.TINY_ARCHS[arch], "--optimizer", "adam",
                            "--lr", "0.003", "--max-tokens", "400", "--max-update", "6", "--seed", "1",
                            "--num-workers", "0", "--no-save", "--disable-validation", "--log-format", "json",
                            "--log-interval", "1", *extra], cwd=REPO, env=env, capture_output=True, text=True,
@@ -74,3 +74,126 @@ def test_mgs_restores_half_precision_cuda_parameters_bitwise():
         with search.perturbed(k):
             assert any(not torch.equal(p, b) for p, b in zip(params, before))
         assert all(torch.equal(p, b) for p, b in zip(params, before))
+
+
+# ------------------------------------------------------------- every criterion, fp16, through the CLI
+# A few updates of every criterion of the plugin with --fp16 on one GPU (docs/performance.md,
+# "GPU"): the losses logged and the parameters stay finite, and the updates move the parameters
+# (fairseq skips an update whose fp16 gradients overflow; four skipped updates would leave the
+# parameters where they started and pass every finiteness check).
+EVERY = {
+    "cross_entropy": ["--criterion", "cross_entropy"],
+    "self_normalized_ce": ["--criterion", "self_normalized_ce"],
+    "dss_soft_argmax": ["--criterion", "differentiable_scheduled_sampling", "--dss-schedule", "always",
+                        "--dss-warmup", "0"],
+    "dss_hard_sample": ["--criterion", "differentiable_scheduled_sampling", "--dss-schedule", "always",
+                        "--dss-warmup", "0", "--dss-mode", "hard-sample"],
+    "soft_beam_direct_loss": ["--criterion", "soft_beam_direct_loss", "--soft-beam-size", "3"],
+    "soft_beam_hinge": ["--criterion", "soft_beam_hinge", "--soft-beam-size", "3"],
+    "mrt": ["--criterion", "mrt", "--mrt-candidates", "4", "--mrt-task-loss", "edit"],
+    "pg": ["--criterion", "pg", "--pg-samples", "4", "--pg-task-loss", "edit", "--pg-baseline", "greedy"],
+    "mgs": ["--criterion", "mgs", "--mgs-candidates", "4", "--mgs-task-loss", "edit"],
+}
+
+
+def _moved_and_finite(out, first, last):
+    a, b = torch.load(out / f"rank0.update{first}.pt"), torch.load(out / f"rank0.update{last}.pt")
+    assert all(torch.isfinite(v.float()).all() for v in b.values() if v.is_floating_point())
+    assert any(not torch.equal(a[k], b[k]) for k in a if a[k].is_floating_point()), "no update was applied"
+
+
+@pytest.mark.parametrize("arch", ["transformer", "lstm"])
+@pytest.mark.parametrize("criterion", list(EVERY))
+def test_every_translation_criterion_trains_in_fp16(criterion, arch, toy_bin, tmp_path):
+    logs = _train(toy_bin, tmp_path, EVERY[criterion] + ["--fp16"], arch)
+    assert len(logs) == 6 and all(math.isfinite(float(log["loss"])) for log in logs)
+    _moved_and_finite(tmp_path, 1, 6)
+
+
+
+def _texts(stdout):
+    """{sentence id: hypothesis text} of fairseq-generate's H- lines (scores left out)."""
+    return {l.split("\t")[0]: l.split("\t")[-1] for l in stdout.splitlines() if l.startswith("H-")}
+
+
+def _json_lines(proc, tag):
+    return [json.loads(l[l.index("{"):]) for l in (proc.stdout + proc.stderr).splitlines() if tag in l and "{" in l]
+
+
+def test_tagging_soft_beam_trains_and_decodes_in_fp16(conll, cache, tmp_path):
+    """tagging_lstm with the soft beam criterion in fp16, then fairseq-generate's soft
+    and hard tagging searches in fp16 on CUDA: the same tags at alpha 1e9."""
+    user = ["--user-dir", os.path.join(REPO, "fairseq_ext")]
+    data = [conll, *user, "--task", "sequence_tagging", "--cache-dir", cache]
+    proc = run_cli(["fairseq-train", *data, "--arch", "tagging_lstm_tiny", "--batch-size", "16",
+                    "--criterion", "soft_beam_direct_loss", "--soft-beam-size", "3", "--optimizer", "adam",
+                    "--lr", "0.01", "--max-update", "20", "--fp16", "--log-format", "json", "--log-interval", "5",
+                    "--save-dir", str(tmp_path / "ck"), "--no-epoch-checkpoints", "--disable-validation",
+                    "--num-workers", "0", "--seed", "1"])
+    logs = _json_lines(proc, "train_inner")
+    assert logs and all(math.isfinite(float(log["loss"])) for log in logs)
+    hyps = {}
+    for search, extra in (("hard", []), ("soft", ["--search-alpha", "1e9"])):
+        gen = run_cli(["fairseq-generate", *data, "--path", str(tmp_path / "ck" / "checkpoint_last.pt"),
+                       "--gen-subset", "valid", "--batch-size", "16", "--fp16", "--beam", "3",
+                       "--tagging-search", search, *extra])
+        hyps[search] = _texts(gen.stdout)
+    assert hyps["hard"] and hyps["soft"] == hyps["hard"]
+
+
+def test_translation_search_decodes_in_fp16(toy_bin, tmp_path):
+    """A transformer trained in fp16 decoded by --task translation_search in fp16 on
+    CUDA: beam 1 of the hard search is fairseq's greedy output, and the soft beam at
+    alpha 1e9 prints the hard beam's hypotheses."""
+    user = ["--user-dir", os.path.join(REPO, "fairseq_ext")]
+    run_cli(["fairseq-train", toy_bin, *user, "--task", "translation", *toy.TINY_ARCHS["transformer"],
+             "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "0.01", "--max-tokens", "400",
+             "--max-update", "150", "--fp16", "--num-workers", "0", "--save-dir", str(tmp_path / "ck"),
+             "--no-epoch-checkpoints", "--disable-validation", "--seed", "1"])
+    base = ["fairseq-generate", toy_bin, *user, "--task", "translation_search", "--path",
+            str(tmp_path / "ck" / "checkpoint_last.pt"), "--gen-subset", "valid", "--batch-size", "16", "--fp16"]
+    hyps = {name: _texts(run_cli(base + extra).stdout) for name, extra in (
+        ("fairseq1", ["--beam", "1"]), ("hard1", ["--beam", "1", "--translation-search", "hard"]),
+        ("hard3", ["--beam", "3", "--translation-search", "hard"]),
+        ("soft3", ["--beam", "3", "--translation-search", "soft", "--search-alpha", "1e9"]))}
+    assert len(hyps["fairseq1"]) == 40
+    assert hyps["hard1"] == hyps["fairseq1"]
+    assert hyps["soft3"] == hyps["hard3"]
+
+
+def test_residual_nce_trains_in_fp16(toy_lm_bin, tmp_path):
+    """The base LM, its negatives and the residual energy model trained in fp16 on CUDA."""
+    task = ["--user-dir", "fairseq_ext", "--task", "residual_lm", "--prefix-len", "8", "--continuation-len", "4"]
+    run_cli(["fairseq-train", toy_lm_bin, "--user-dir", "fairseq_ext", "--task", "language_modeling",
+             "--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16",
+             "--decoder-output-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
+             "--tokens-per-sample", "64", "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "2000",
+             "--max-update", "30", "--save-dir", str(tmp_path / "lm"), "--no-epoch-checkpoints",
+             "--disable-validation", "--fp16", "--seed", "1"], cwd=REPO)
+    base_lm = str(tmp_path / "lm" / "checkpoint_last.pt")
+    run_cli(["python", "scripts/sample_negatives.py", toy_lm_bin, "--base-lm", base_lm, "--splits", "train,valid",
+             "--num-samples", "4", "--out-dir", str(tmp_path / "neg")] + task, cwd=REPO)
+    proc = run_cli(["fairseq-train", toy_lm_bin, "--base-lm", base_lm, "--negatives-dir", str(tmp_path / "neg"),
+                    "--num-negatives", "2", "--arch", "residual_energy", "--energy-variant", "bit",
+                    "--encoder-layers", "1", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+                    "--encoder-attention-heads", "2", "--criterion", "residual_nce", "--optimizer", "adam",
+                    "--lr", "0.003", "--batch-size", "16", "--max-update", "20", "--fp16",
+                    "--save-dir", str(tmp_path / "ebm"), "--no-epoch-checkpoints", "--log-format", "json",
+                    "--log-interval", "5", "--seed", "1"] + task, cwd=REPO)
+    logs = _json_lines(proc, "train_inner") + _json_lines(proc, "| valid |")
+    assert logs and all(math.isfinite(float(log[k])) for log in logs for k in log if k.endswith("loss"))
+
+
+def test_mh_sampler_runs_on_cuda(toy_bin, tmp_path):
+    """A tiny CMLM trained in fp16 on CUDA, then the Metropolis-Hastings sampler of
+    --task translation_mh in fp16: one hypothesis per sentence, finite statistics."""
+    user = ["--user-dir", os.path.join(REPO, "fairseq_ext")]
+    run_cli(["fairseq-train", toy_bin, *user, "--task", "translation_mh", *toy.TINY_ARCHS["cmlm_transformer"],
+             "--criterion", "nat_loss", "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "500",
+             "--max-epoch", "10", "--fp16", "--save-dir", str(tmp_path / "ck"), "--no-epoch-checkpoints",
+             "--num-workers", "0", "--seed", "1"])
+    gen = run_cli(["fairseq-generate", toy_bin, *user, "--task", "translation_mh", "--path",
+                   str(tmp_path / "ck" / "checkpoint_last.pt"), "--gen-subset", "valid", "--batch-size", "12",
+                   "--seed", "3", "--fp16", "--mh-burn-in", "2", "--mh-epochs", "2"])
+    scores = [float(l.split("\t")[1]) for l in gen.stdout.splitlines() if l.startswith("H-")]
+    assert len(scores) == 40 and all(math.isfinite(s) for s in scores)
