@@ -9,7 +9,7 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl NAME==VERSION
 # (antlr4-python3-runtime==4.9.3 has no wheel: `pip wheel --no-deps` builds its pure-Python one).
-# Run: OUT=DIR bash bench/gpu_session.sh [pytest -k expression]
+# Run: OUT=DIR [BENCHES="bench_dss ..."] [TEST_LIMIT=seconds] bash bench/gpu_session.sh [pytest -k expression]
 set -u
 OUT=${OUT:?set OUT to a directory for the logs}
 export PYTHONUNBUFFERED=1 FAIRSEQ_EXT_FORKSERVER=0
@@ -32,12 +32,13 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT/benc
 }
 
 t0=$SECONDS
-timeout 240 python3 -m pytest tests/test_gpu.py -n 8 --dist load -q -p no:cacheprovider -rfE ${1:+-k "$1"} \
+timeout ${TEST_LIMIT:-240} python3 -m pytest tests/test_gpu.py -n 8 --dist load -q -p no:cacheprovider -rfE ${1:+-k "$1"} \
     > "$OUT/gpu_tests.log" 2>&1
 echo "==> tests/test_gpu.py: exit $? after $((SECONDS - t0)) s"
 tail -n 40 "$OUT/gpu_tests.log"
-step bench_criteria 80 python3 bench/bench_criteria.py --device cuda --json "$OUT/bench_criteria.json"
-step bench_dss 70 python3 bench/bench_dss.py --device cuda --json "$OUT/bench_dss.json"
-step bench_soft_beam 70 python3 bench/bench_soft_beam.py --device cuda --json "$OUT/bench_soft_beam.json"
-step bench_mgs 100 python3 bench/bench_mgs.py --device cuda --json "$OUT/bench_mgs.json"
+BENCHES=${BENCHES:-bench_criteria bench_dss bench_soft_beam bench_mgs}  # a subset: BENCHES="bench_dss ..."
+declare -A LIMIT=([bench_criteria]=80 [bench_dss]=70 [bench_soft_beam]=70 [bench_mgs]=100)
+for b in $BENCHES; do
+    step "$b" "${LIMIT[$b]}" python3 "bench/$b.py" --device cuda --json "$OUT/$b.json"
+done
 grep -v "^==>" "$OUT/bench.log" | grep -E "\|" | tail -n 60

@@ -154,7 +154,7 @@ class MGSCriterion(FairseqCriterion):
         grads = torch.autograd.grad(nll, params, allow_unused=True)
         grads = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)]
         local_ntokens = float(target.ne(self.padding_idx).sum())
-        ntokens = _all_reduce_sum(torch.tensor(local_ntokens, dtype=torch.float64))
+        ntokens = _all_reduce_sum(torch.tensor(local_ntokens, dtype=torch.float64, device=nll.device))
         for g in grads:
             _all_reduce_sum(g)
             g.div_(max(float(ntokens), 1.0))
@@ -167,7 +167,8 @@ class MGSCriterion(FairseqCriterion):
         module = unwrap(model)
         self.scorer.ensure_lm_scorer(module)
         seed = self._step_seed()
-        gen = torch.Generator().manual_seed(mix_seed(seed, 0x5EED)) if self.decode_cfg.strategy == "sample" else None
+        device = next(module.parameters()).device  # a sampling generator must live where the probabilities do
+        gen = torch.Generator(device).manual_seed(mix_seed(seed, 0x5EED)) if self.decode_cfg.strategy == "sample" else None
         c0, _, _ = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
         params, grads, nll_sum, ntokens = self._mle_gradient(module, sample)
         grad_norm = clip_grad_(grads, self.mle_clip)
@@ -176,7 +177,7 @@ class MGSCriterion(FairseqCriterion):
         costs, log_qs, norms = [], [], []
         for k in range(self.proposal.num_candidates):
             with search.perturbed(k) as info:
-                gen = torch.Generator().manual_seed(mix_seed(seed, 0x5EED)) if gen is not None else None
+                gen = torch.Generator(device).manual_seed(mix_seed(seed, 0x5EED)) if gen is not None else None
                 ck, _, _ = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
             costs.append(float(ck))
             log_qs.append(info["log_q"])

@@ -82,7 +82,8 @@ class MRTCriterion(CandidateRiskCriterion):
     def estimator(self, module, sample, hyps, log_p, costs):
         mask = distinct_mask(hyps, log_p.size(1)).to(log_p.device)
         if self.length_normalize:
-            lengths = torch.tensor([max(len(h), 1) for h in hyps], dtype=log_p.dtype).view_as(log_p)
+            lengths = torch.tensor([max(len(h), 1) for h in hyps], dtype=log_p.dtype,
+                                   device=log_p.device).view_as(log_p)
             log_p = log_p / lengths
         if self.normalize:
             costs = normalize_costs(costs)  # a repeat has its first occurrence's cost: same min and max

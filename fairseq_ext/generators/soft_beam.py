@@ -107,11 +107,18 @@ def _search_dropout(model, mode: str, sentences: int, beam: int) -> Iterator[Dic
     elif mode == "none":
         modes = [(m, m.training) for m in model.modules()]
         model.eval()
+        # cuDNN computes an RNN's backward only in training mode: torch's RNN modules stay in it
+        # with their own (between-layer) dropout set to 0, which makes their forward eval's
+        rnns = [(m, m.dropout) for m in model.modules() if isinstance(m, torch.nn.RNNBase)]
+        for m, _ in rnns:
+            m.training, m.dropout = True, 0.0
         try:
             yield rows
         finally:
             for m, training in modes:
                 m.training = training
+            for m, p in rnns:
+                m.dropout = p
     else:
         modules = [m for m in model.decoder.modules()
                    if isinstance(m, (torch.nn.Dropout, FairseqDropout)) and m.p > 0]
@@ -238,10 +245,13 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
             if stop_at_eos:
                 f = _length_rules(f, finished[:, :K], t, live_horizon, eos, pad, banned[: f.size(-1)])
             d = None if live_step_costs is None else live_step_costs[:, t].to(dtype)
-            if hard:
-                step = hard_beam_step(live_scores[:, :K], f, k, live_costs[:, :K], d, augment)
-            else:
-                step = soft_beam_step(live_scores[:, :K], f, alpha, k, live_costs[:, :K], d, augment)
+            # the search's arithmetic in float32 also under --amp (autocast would run its matrix
+            # products in half precision and hand half-precision scores to the float32 buffers)
+            with torch.autocast(device.type, enabled=False):
+                if hard:
+                    step = hard_beam_step(live_scores[:, :K], f, k, live_costs[:, :K], d, augment)
+                else:
+                    step = soft_beam_step(live_scores[:, :K], f, alpha, k, live_costs[:, :K], d, augment)
             # every live sentence is within its horizon (t < horizon): the step applies to all
             live_scores, live_costs = step.scores, step.costs
             scores, costs = scores.index_copy(0, live, live_scores), costs.index_copy(0, live, live_costs)
@@ -279,7 +289,8 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
                     if keep.numel() < n:
                         decoder.reorder_incremental_state_scripting(state, rows)
                     reorder(state, step.backpointers[keep].reshape(-1, k), keep.numel())
-                inputs = (step.outputs[keep] @ embedding.weight.to(step.outputs.dtype)).flatten(0, 1)
+                with torch.autocast(device.type, enabled=False):
+                    inputs = (step.outputs[keep] @ embedding.weight.to(step.outputs.dtype)).flatten(0, 1)
                 prev = prev.index_select(0, rows)
                 prev = torch.cat([prev, prev[:, -1:]], dim=1)
             K = k
