@@ -41,4 +41,4 @@ declare -A LIMIT=([bench_criteria]=80 [bench_dss]=70 [bench_soft_beam]=70 [bench
 for b in $BENCHES; do
     step "$b" "${LIMIT[$b]}" python3 "bench/$b.py" --device cuda --json "$OUT/$b.json"
 done
-grep -v "^==>" "$OUT/bench.log" | grep -E "\|" | tail -n 60
+grep -v -E "Warning|key_padding_mask|r = re.compile|^  " "$OUT/bench.log" | tail -n 45
