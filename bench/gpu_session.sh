@@ -32,7 +32,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT/benc
 }
 
 t0=$SECONDS
-timeout ${TEST_LIMIT:-240} python3 -m pytest tests/test_gpu.py -n 8 --dist load -q -p no:cacheprovider -rfE ${1:+-k "$1"} \
+timeout ${TEST_LIMIT:-300} python3 -m pytest tests/test_gpu.py -n 8 --dist load -v -p no:cacheprovider -rfE --timeout 150 ${1:+-k "$1"} \
     > "$OUT/gpu_tests.log" 2>&1
 echo "==> tests/test_gpu.py: exit $? after $((SECONDS - t0)) s"
 tail -n 40 "$OUT/gpu_tests.log"

@@ -758,3 +758,75 @@ def test_fairseq_generate_with_hard_and_soft_beam_search(conll, cache, tmp_path)
     assert hyps["soft_a1"].keys() == hyps["fairseq"].keys()
     assert all(len(hyps["soft_a1"][i].split()) == len(hyps["fairseq"][i].split()) for i in hyps["soft_a1"])
     assert hyps["global1"] == hyps["fairseq1"]  # raw-score greedy is greedy: softmax keeps the argmax
+
+
+def test_search_without_dropout_keeps_rnns_trainable_and_dropout_free(toy_bin):
+    """--soft-beam-dropout none on a model whose encoder is a 2-layer torch LSTM with
+    dropout 0.5 between its layers: the search pass leaves that dropout out (two calls
+    in train mode give the same loss and gradients, equal to those of the model in
+    eval mode), and the LSTM runs in training mode meanwhile (cuDNN computes an RNN's
+    backward only in training mode: on CUDA an eval-mode pass cannot be
+    differentiated); afterwards its mode and dropout are as before."""
+    from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss
+
+    task, model, _ = toy.build_task_and_model(toy_bin, "translation", "lstm",
+                                              ["--encoder-layers", "2", "--decoder-layers", "2",
+                                               "--encoder-dropout-out", "0.5"])
+    task.load_dataset("valid")
+    ds = task.dataset("valid")
+    sample = ds.collater([ds[i] for i in range(6)])
+    rnn = model.encoder.lstm
+    assert isinstance(rnn, torch.nn.LSTM) and rnn.dropout == 0.5
+    seen = []
+    rnn.register_forward_pre_hook(lambda m, i: seen.append((m.training, m.dropout)))
+    criterion = SoftBeamDirectLoss(task, soft_beam_size=3, soft_beam_dropout="none")
+
+    def run(train):
+        model.train(train)
+        model.zero_grad()
+        loss = criterion(model, sample)[0]
+        loss.backward()
+        return float(loss), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    (la, ga), (lb, gb) = run(True), run(True)
+    assert seen and all(s == (True, 0.0) for s in seen)
+    assert model.training and rnn.training and rnn.dropout == 0.5
+    assert la == lb and all(torch.equal(x, y) for x, y in zip(ga, gb))
+    le, ge = run(False)
+    assert le == pytest.approx(la, rel=1e-6) and all(torch.allclose(x, y, atol=1e-6) for x, y in zip(ga, ge))
+
+
+@pytest.mark.parametrize("criterion_name", ["soft_beam_direct_loss", "soft_beam_hinge"])
+def test_search_arithmetic_stays_float32_under_autocast(criterion_name, translators, monkeypatch):
+    """Under autocast (--amp; here the CPU's bfloat16 autocast) the decoder runs in half
+    precision but every beam step's arithmetic runs with autocast off, on float32 scores,
+    and returns float32 scores and costs (on CUDA, autocast's half-precision einsum
+    handed half-precision costs to the search's float32 buffers and index_copy refused
+    them: the first GPU run, docs/performance.md); the loss is finite and within
+    bfloat16's rounding of the float32 loss, and its gradients are finite."""
+    import copy
+
+    from fairseq_ext.core import soft_beam as core
+    from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss, SoftBeamHinge
+    from fairseq_ext.generators import soft_beam as generator
+
+    steps = []
+    for name in ("soft_beam_step", "hard_beam_step"):
+        def spy(*args, _fn=getattr(core, name), **kwargs):
+            out = _fn(*args, **kwargs)
+            steps.append((torch.is_autocast_enabled("cpu"), args[1].dtype, out.scores.dtype, out.costs.dtype))
+            return out
+        monkeypatch.setattr(generator, name, spy)
+    cls = SoftBeamDirectLoss if criterion_name == "soft_beam_direct_loss" else SoftBeamHinge
+    task, model, sample = translators["transformer"]
+    model = copy.deepcopy(model)
+    criterion = cls(task, soft_beam_size=3)
+    reference = float(criterion(model, sample)[0].detach())
+    steps.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = criterion(model, sample)[0]
+    assert steps and all(s == (False,) + (torch.float32,) * 3 for s in steps), set(steps)
+    assert loss.dtype == torch.float32
+    loss.backward()
+    assert math.isfinite(float(loss)) and float(loss) == pytest.approx(reference, rel=0.05)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
