@@ -76,8 +76,12 @@ def bench(args, device: torch.device) -> List[Dict]:
         sample = utils.apply_to_sample(lambda t: t.to(device), ds.collater([ds[i] for i in range(args.batch_size)]))
         fns = {row: (lambda c: lambda: step(model, sample, c))(c) for row, c in crits.items()}
         ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
-    return [{"row": row, "ms": ms[row], "ratio": ms[row] / ms["ce"], "batch_size": args.batch_size,
+        calls = {row: timing.aten_calls(fn) for row, fn in fns.items()} if args.op_counts else {}
+    rows = [{"row": row, "ms": ms[row], "ratio": ms[row] / ms["ce"], "batch_size": args.batch_size,
              "device": str(device)} for row in fns]
+    for r in rows if calls else []:
+        r.update(aten_calls=calls[r["row"]], calls_ratio=calls[r["row"]] / calls["ce"])
+    return rows
 
 
 def main(argv=None) -> None:
@@ -88,8 +92,10 @@ def main(argv=None) -> None:
     rows = bench(args, device)
     timing.report(f"training step of each criterion / cross-entropy step, transformer, batch {args.batch_size}, "
                   f"device {device}, {args.threads} thread(s), median of {args.repeats}",
-                  timing.table(["row", "ms / step", "ratio to ce"],
-                               [[r["row"], f"{r['ms']:.1f}", f"{r['ratio']:.2f}"] for r in rows]), rows, args.json)
+                  timing.table(["row", "ms / step", "ratio to ce"] + (["aten calls", "calls / ce"] if args.op_counts else []),
+                               [[r["row"], f"{r['ms']:.1f}", f"{r['ratio']:.2f}"]
+                                + ([str(r["aten_calls"]), f"{r['calls_ratio']:.2f}"] if args.op_counts else [])
+                                for r in rows]), rows, args.json)
 
 
 if __name__ == "__main__":

@@ -81,7 +81,19 @@ def step_bench_parser(doc: str):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="tiny models, 1 warm-up and 2 repeats (smoke test)")
     p.add_argument("--json", help="write the rows to this file")
+    p.add_argument("--op-counts", action="store_true",
+                   help="also count the aten operator calls of one call of each row (torch.profiler): on a GPU a "
+                        "small model's step is launch-bound, and these ratios predict its time ratios there")
     return p
+
+
+def aten_calls(fn: Callable) -> int:
+    """Operator calls (``aten::*`` events, nested ones included) of one call of ``fn``,
+    recorded by torch.profiler on the CPU side: a proxy for the kernel launches the
+    call makes on a GPU."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
 
 
 def quick_settings(args):
