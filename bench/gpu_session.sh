@@ -4,24 +4,11 @@
 # criterion's updates in fp16, CUDA decoding and sampling) and the benchmarks on CUDA. Each step has
 # its own time limit and writes under OUT, so a step that fails or hangs leaves the others' results.
 #
-# The machine has torch but not fairseq: wheels for its Python (3.12) travel in .whl/ (fairseq-fixed,
-# hydra-core, omegaconf, antlr4-python3-runtime, bitarray, cffi, editdistance), fetched here with
-#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl NAME==VERSION
-# (antlr4-python3-runtime==4.9.3 has no wheel: `pip wheel --no-deps` builds its pure-Python one).
+# The machine has torch but not fairseq: bench/gpu_env.sh installs the wheels carried in .whl/.
 # Run: OUT=DIR [BENCHES="bench_dss ..."] [TEST_LIMIT=seconds] bash bench/gpu_session.sh [pytest -k expression]
 set -u
 OUT=${OUT:?set OUT to a directory for the logs}
-export PYTHONUNBUFFERED=1 FAIRSEQ_EXT_FORKSERVER=0
-if ! python3 -c "import fairseq" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-{
-    date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
-    python3 -c "import sys, torch, numpy, fairseq; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__, 'fairseq', fairseq.__version__, torch.cuda.get_device_name())"
-} 2>&1 | tee "$OUT/env.txt"
+. bench/gpu_env.sh
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT/bench.log, say how it ended
     local name=$1 limit=$2; shift 2

@@ -26,7 +26,7 @@
 #      validation loss falls about 0.03 per 1000 updates), SENTENCES (50), CHAINS (5), BURN_IN (7),
 #      EPOCHS (26), JOBS (2), VOCAB (4000), ONLY (run names, or "claims": the 12 runs behind the
 #      thesis's three claims), SEED (1: the samplers' seed; seed s > 1 writes to WORK/nSENTENCES_sS),
-#      CMLM (use this checkpoint instead of training one)
+#      CMLM (use this checkpoint instead of training one), CMLM_ONLY (1: train the CMLM, then stop)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${1:?usage: $0 WORK_DIR}
@@ -96,6 +96,7 @@ if [ "$CMLM" = "$WORK/cmlm/checkpoint_best.pt" ] && ! finished "$WORK/cmlm.log";
     --validate-interval-updates 1000 --save-interval-updates 500 --keep-interval-updates 1 \
     --log-interval 50 >> "$WORK/cmlm.log" 2>&1 || { tail "$WORK/cmlm.log"; exit 1; }
 fi
+[ "${CMLM_ONLY:-0}" = 0 ] || exit 0  # examples/mh_cmlm_gpu.sh: the CMLM alone
 
 # De-En (20): short-source test pairs, binarized with the model's dictionaries
 if [ ! -s "$WORK/data/bin20_n$SENTENCES/test.de-en.de.bin" ]; then
