@@ -53,7 +53,9 @@ DEV_BLEU=(--eval-bleu --eval-bleu-args '{"beam": 1, "max_len_a": 1.2, "max_len_b
 
 warm() {  # SEED: the teacher-forced first epoch, shared by every system of the seed
   local dir="$WORK/warm.s$1"
-  finished "$dir.log" && return 0
+  # a kept log (scripts/keep_results.py) whose checkpoint went with its machine: train again
+  finished "$dir.log" && [ -e "$dir/checkpoint_last.pt" ] && return 0
+  rm -f "$dir.log"
   # shellcheck disable=SC2046
   fairseq-train "$BIN" "${MODEL[@]}" $(dss_criterion ce base) --max-epoch 1 --seed "$1" --save-dir "$dir" \
     --disable-validation >> "$dir.log" 2>&1 || { tail "$dir.log" >&2; return 1; }
@@ -63,8 +65,11 @@ run() {  # SYSTEM CONFIG SEED
   local dir="$WORK/$1.$2.s$3" split beam
   if [ ! -s "$dir/test.beam5.json" ]; then
     mkdir -p "$dir"
+    # trained on a machine since lost (its log kept by scripts/keep_results.py, no checkpoint): train again
+    if finished "$dir.train.log" && [ ! -e "$dir/checkpoint_best.pt" ]; then rm -f "$dir.train.log"; fi
     if ! finished "$dir.train.log"; then
       if [ ! -e "$dir/checkpoint_last.pt" ]; then  # start from the warm-up (an interrupted run resumes its own)
+        rm -f "$dir.train.log"  # a kept log of a run lost with its machine: the run starts over
         cp "$WORK/warm.s$3/checkpoint_last.pt" "$dir/checkpoint_last.pt.tmp"
         mv "$dir/checkpoint_last.pt.tmp" "$dir/checkpoint_last.pt"
       fi

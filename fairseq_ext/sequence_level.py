@@ -131,17 +131,17 @@ class BatchScorer:
         refs_all, srcs_all = self._prepared(batch)
         srcs = [srcs_all[i] for i in idx]
         per_name = {}
-        # the costs are computed on the CPU (strings, edit distances); they are returned on the
-        # device of the hypotheses' indices, i.e. the model's, where the criteria combine them
-        # with log-probabilities and all-reduce them (NCCL reduces CUDA tensors only)
-        total = torch.zeros(len(hyps))
+        # most costs are computed on the CPU (strings, edit distances), an LM's on its device; all
+        # are returned on the device of the hypotheses' indices, i.e. the model's, where the criteria
+        # combine them with log-probabilities and all-reduce them (NCCL reduces CUDA tensors only)
+        total = torch.zeros(len(hyps), device=source_index.device)
         for name, w in self.weights.items():
             cost = self.costs[name]
             refs = [refs_all[name][i] for i in idx]
-            c = cost.from_converted(cost.convert_hyps(hyps), refs, sources=srcs)
-            per_name[name] = c.to(source_index.device)
+            c = cost.from_converted(cost.convert_hyps(hyps), refs, sources=srcs).to(total.device)
+            per_name[name] = c
             total += w * c
-        return total.to(source_index.device), per_name
+        return total, per_name
 
 
 def reference_nll(model, batch: Dict, prefix_tokens: Optional[Tensor] = None) -> Tensor:
