@@ -27,6 +27,8 @@
 #      EPOCHS (26), JOBS (2), VOCAB (4000), ONLY (run names, or "claims": the 12 runs behind the
 #      thesis's three claims), SEED (1: the samplers' seed; seed s > 1 writes to WORK/nSENTENCES_sS),
 #      CMLM (use this checkpoint instead of training one), CMLM_ONLY (1: train the CMLM, then stop)
+# Rows kept in WORK/nSENTENCES* must come from the CMLM in use (examples/lib.sh same_model): a
+# CMLM trained again on another machine is another model, and the recipe stops before any work.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${1:?usage: $0 WORK_DIR}
@@ -119,6 +121,10 @@ fi
 OUT=$WORK/n$SENTENCES  # the samplers' outputs, per evaluation set size (and sampler seed after the first)
 [ "$SEED" = 1 ] || OUT=${OUT}_s$SEED
 mkdir -p "$OUT"
+# the rows of OUT come from one CMLM: a retrained CMLM is another model (it gave other Mask-Predict
+# hypotheses for 40 of 50 sentences), so rows kept from an earlier machine are refused unless
+# CMLM is the model they came from (OUT/model_fingerprint.json)
+same_model "$OUT" "$CMLM" || exit 2
 GEN=(--user-dir fairseq_ext --gen-subset test --batch-size 50 --required-batch-size-multiple 1
   --post-process sentencepiece --seed "$SEED")
 MH=(--task translation_mh --mh-chains "$CHAINS" --nbest 1 --mh-burn-in "$BURN_IN" --mh-epochs "$EPOCHS" --mh-history)
