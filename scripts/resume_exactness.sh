@@ -6,7 +6,10 @@
 # and the largest parameter difference to the first run. Measured 2026-11-27 (fairseq-fixed 0.12.3.1,
 # torch 2.13 CPU): the two straight runs are bit-identical; the resumed run's epoch-3 checkpoint is
 # identical too, but its first update after the resume already logs another loss (4.119 against
-# 4.079) and after epoch 4 its parameters differ by up to 0.09. So training is repeatable from a
+# 4.079) and after epoch 4 its parameters differ by up to 0.09: the first batch after the resume is
+# applied to the same parameters but holds other sentences (ids 127, 80, 146, 187, ... against
+# 127, 80, 50, 248, ...: the length-sorted batches are cut from another tie-breaking permutation when
+# fairseq rebuilds its batch iterator on a resume). So training is repeatable from a
 # checkpoint, not across a resume: a run resumed on another machine is another sample of its
 # configuration (issue 22's CMLM), and recipes that keep rows between sessions record their model
 # (examples/lib.sh same_model).
@@ -26,11 +29,29 @@ O=(--user-dir fairseq_ext --task translation --arch transformer --encoder-layers
   --encoder-embed-dim 32 --decoder-embed-dim 32 --encoder-ffn-embed-dim 32 --decoder-ffn-embed-dim 32
   --encoder-attention-heads 2 --decoder-attention-heads 2 --dropout 0 --criterion cross_entropy
   --optimizer sgd --lr 0.5 --max-tokens 500 --seed 1 --num-workers 0 --log-format simple --log-interval 1)
+# fairseq-train, printing the sentence ids of the first batch of epoch 4 (update 18) and a hash of the
+# parameters it is applied to
+cat > "$W/train.py" <<'PY'
+import hashlib, sys
+from fairseq import trainer
+step = trainer.Trainer.train_step
+def probed(self, samples, raw=False):
+    if self.get_num_updates() == 18:
+        params = b"".join(p.detach().numpy().tobytes() for p in self.model.parameters())
+        print(f"PROBE first batch of epoch 4: ids {samples[0]['id'].tolist()[:8]}, parameters' sha256 "
+              f"{hashlib.sha256(params).hexdigest()[:12]}", file=sys.stderr, flush=True)
+    return step(self, samples, raw)
+trainer.Trainer.train_step = probed
+from fairseq_cli.train import cli_main
+sys.argv = ["fairseq-train"] + sys.argv[1:]
+cli_main()
+PY
+train() { "$PYTHON" "$W/train.py" "$BIN" "${O[@]}" "$@"; }
 for run in straight straight_again; do
-  fairseq-train "$BIN" "${O[@]}" --max-epoch 4 --save-dir "$W/$run" > "$W/$run.log" 2>&1
+  train --max-epoch 4 --save-dir "$W/$run" > "$W/$run.log" 2>&1
 done
-fairseq-train "$BIN" "${O[@]}" --max-epoch 3 --save-dir "$W/resumed" > "$W/resumed.log" 2>&1
-fairseq-train "$BIN" "${O[@]}" --max-epoch 4 --save-dir "$W/resumed" >> "$W/resumed.log" 2>&1
+train --max-epoch 3 --save-dir "$W/resumed" > "$W/resumed.log" 2>&1
+train --max-epoch 4 --save-dir "$W/resumed" >> "$W/resumed.log" 2>&1
 "$PYTHON" - "$W" <<'PY'
 import subprocess, sys
 import torch
@@ -48,4 +69,5 @@ for ckpt in ("checkpoint3.pt", "checkpoint4.pt"):
 PY
 for run in straight resumed; do
   echo "$run, first update of epoch 4: $(grep -m1 'epoch 004:' "$W/$run.log" | grep -o 'loss=[0-9.]*, ppl=[0-9.]*')"
+  grep -m1 PROBE "$W/$run.log"
 done
