@@ -14,6 +14,7 @@ from fairseq_ext.compat import (
     patch_checkpoint_directory_check,
     patch_checkpoint_loading,
     patch_criterion_state,
+    patch_resume_batches,
     stop_batch_threads_at_exit,
 )
 
@@ -21,6 +22,7 @@ patch_checkpoint_loading()
 patch_checkpoint_copies()
 patch_checkpoint_directory_check()
 patch_criterion_state()
+patch_resume_batches()
 stop_batch_threads_at_exit()
 cli.install()
 

@@ -25,6 +25,9 @@ Criterion state: ``patch_criterion_state`` saves a criterion's running state (PG
 moving baseline) with every checkpoint and gives it back on resume (see its
 docstring).
 
+Exact resume (opt-in): ``patch_resume_batches`` makes a resumed fairseq-train run cut its
+batches as the uninterrupted run did, so it trains the same model (see its docstring).
+
 Clean exit: ``stop_batch_threads_at_exit`` stops fairseq's background batch
 threads before the interpreter shuts down (see its docstring).
 """
@@ -205,6 +208,62 @@ def _stop_background_consumers(timeout: float = 10.0) -> None:
             except queue.Empty:
                 pass
             thread.join(0.01)
+
+
+EXACT_RESUME_ENV = "FAIRSEQ_EXT_EXACT_RESUME"
+
+
+def patch_resume_batches() -> None:
+    """With ``FAIRSEQ_EXT_EXACT_RESUME=1`` in the environment, a resumed run trains the
+    same model as the uninterrupted one (idempotent; without the variable nothing changes).
+
+    fairseq-fixed 0.12.3.1's ``FairseqTask.get_batch_iterator`` cuts the length-sorted
+    batches once, from ``ordered_indices()`` under ``numpy_seed(seed + epoch)``, where
+    ``epoch`` is the epoch at which the iterator is built, and reuses them in every later
+    epoch (for datasets whose sizes do not change across epochs). An uninterrupted run
+    builds it in epoch 1; a run resumed from a checkpoint of epoch e builds it in epoch
+    e, so sentences of equal length are grouped into other batches and the model drifts
+    away from the uninterrupted run's (``scripts/resume_exactness.sh``: the first batch
+    after the resume meets the same parameters but holds other sentences). Here the
+    batches of a reusable iterator are always cut with epoch 1's seed; the iterator still
+    starts at the requested epoch, so the per-epoch shuffling of the batch order
+    (``seed + epoch``) and a mid-epoch resume's position are fairseq's.
+
+    Opt-in because it changes the batches of any run that starts from a checkpoint of a
+    later epoch (a fine-tune with ``--restore-file``, a resumed run) compared with what
+    fairseq does without the plugin. Datasets that rebuild their batches every epoch
+    (``can_reuse_epoch_itr_across_epochs`` false, a task config with ``rebuild_batches``,
+    ``disable_iterator_cache``) are already exact and left alone."""
+    if os.environ.get(EXACT_RESUME_ENV, "0") in ("", "0"):
+        return
+    from fairseq.tasks import FairseqTask
+
+    original = FairseqTask.get_batch_iterator
+    if getattr(original, "__fairseq_ext_exact_resume__", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def get_batch_iterator(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        epoch = a.get("epoch", 1)
+        reusable = (epoch > 1 and not a.get("disable_iterator_cache", False)
+                    and not a.get("update_epoch_batch_itr", False)
+                    and not getattr(getattr(self, "cfg", None), "rebuild_batches", False)
+                    and getattr(self, "can_reuse_epoch_itr", lambda dataset: False)(a["dataset"])
+                    and a["dataset"] not in getattr(self, "dataset_to_epoch_iter", {}))
+        if not reusable:
+            return original(*bound.args, **bound.kwargs)
+        a["epoch"] = 1
+        itr = original(*bound.args, **bound.kwargs)
+        itr.epoch = epoch  # what EpochBatchIterator(epoch=epoch) would hold
+        a["dataset"].set_epoch(epoch)
+        return itr
+
+    get_batch_iterator.__fairseq_ext_exact_resume__ = True
+    FairseqTask.get_batch_iterator = get_batch_iterator
 
 
 def stop_batch_threads_at_exit() -> None:
