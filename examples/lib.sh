@@ -20,20 +20,15 @@ finished() {
 # another model (issue 22: the Multi30k CMLM trained again with the same command and seed gave
 # other Mask-Predict hypotheses for 40 of 50 sentences), so rows of two models never mix.
 same_model() {
-  local fp kept
-  fp=$("${PYTHON:-python}" scripts/model_fingerprint.py "$2") || return 1
-  if [ -s "$1/model_fingerprint.json" ]; then
-    kept=$("${PYTHON:-python}" -c 'import json,sys; print(json.load(open(sys.argv[1]))["sha256"])' \
-      "$1/model_fingerprint.json")
-    [ "$kept" = "$fp" ] && return 0
-    echo "$1 holds results of another model than $2 (parameters' sha256 ${kept:0:12}..., not ${fp:0:12}...; $1/model_fingerprint.json): move them aside or pass the model they came from" >&2
+  local rec=$1/model_fingerprint.json
+  if [ -s "$rec" ]; then
+    "${PYTHON:-python}" scripts/model_fingerprint.py "$2" --check "$rec" > /dev/null
+  elif compgen -G "$1/*.json" > /dev/null; then
+    echo "$1 holds results but no model_fingerprint.json, so which model made them is unknown: move them aside, or record their model with python scripts/model_fingerprint.py CHECKPOINT --json $rec" >&2
     return 1
+  else
+    "${PYTHON:-python}" scripts/model_fingerprint.py "$2" --json "$rec" > /dev/null
   fi
-  if compgen -G "$1/*.json" > /dev/null; then
-    echo "$1 holds results but no model_fingerprint.json, so which model made them is unknown: move them aside, or record their model with python scripts/model_fingerprint.py CHECKPOINT --json $1/model_fingerprint.json" >&2
-    return 1
-  fi
-  "${PYTHON:-python}" scripts/model_fingerprint.py "$2" --json "$1/model_fingerprint.json" > /dev/null
 }
 
 # seed_spec NAME TEMPLATE: scripts/compare_runs.py's "NAME=FILE,FILE,..." argument, one FILE per seed in

@@ -54,8 +54,10 @@ done
 train --max-epoch 3 --save-dir "$W/resumed" > "$W/resumed.log" 2>&1
 train --max-epoch 4 --save-dir "$W/resumed" >> "$W/resumed.log" 2>&1
 "$PYTHON" - "$W" <<'PY'
-import subprocess, sys
+import sys
 import torch
+sys.path.insert(0, "scripts")
+from model_fingerprint import fingerprint
 w = sys.argv[1]
 def params(run, ckpt):
     return torch.load(f"{w}/{run}/{ckpt}", map_location="cpu", weights_only=False)["model"]
@@ -64,8 +66,7 @@ for ckpt in ("checkpoint3.pt", "checkpoint4.pt"):
     for run in ("straight_again", "resumed"):
         other = params(run, ckpt)
         diff = max((ref[k].double() - other[k].double()).abs().max().item() for k in ref)
-        fp = subprocess.run([sys.executable, "scripts/model_fingerprint.py", f"{w}/{run}/{ckpt}"],
-                            capture_output=True, text=True, check=True).stdout[:16]
+        fp = fingerprint(other)[0][:16]
         print(f"{ckpt} {run:15s} fingerprint {fp}  max |param - straight's| {diff:.3g}")
 PY
 for run in straight resumed; do
