@@ -3,13 +3,15 @@
 Importing the package registers every criterion, task, model and task loss with
 fairseq, makes fairseq's checkpoint loader work under torch >= 2.6, its copies
 to ``checkpoint_last.pt`` atomic, its start-up check of ``--save-dir`` safe for
-concurrent runs, carries criterion state through checkpoints and
+concurrent runs, carries criterion state through checkpoints, fixes ``--amp``'s loss
+scaling (one unscale; ``--amp-init-scale`` / ``--amp-scale-window`` honoured) and
 lets fairseq's batch threads finish before the process exits (see
 ``fairseq_ext.compat``), and makes a bad plugin option end a command with one line
 and ``--help`` list the chosen components' options (see ``fairseq_ext.cli``).
 """
 from fairseq_ext import cli
 from fairseq_ext.compat import (
+    patch_amp_loss_scaler,
     patch_checkpoint_copies,
     patch_checkpoint_directory_check,
     patch_checkpoint_loading,
@@ -23,6 +25,7 @@ patch_checkpoint_copies()
 patch_checkpoint_directory_check()
 patch_criterion_state()
 patch_resume_batches()
+patch_amp_loss_scaler()
 stop_batch_threads_at_exit()
 cli.install()
 

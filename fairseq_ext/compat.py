@@ -28,6 +28,10 @@ docstring).
 Exact resume (opt-in): ``patch_resume_batches`` makes a resumed fairseq-train run cut its
 batches as the uninterrupted run did, so it trains the same model (see its docstring).
 
+Mixed precision: ``patch_amp_loss_scaler`` makes ``--amp`` unscale the gradient once
+(fairseq 0.12 unscales it twice) and use ``--amp-init-scale`` and ``--amp-scale-window`` as
+documented (see its docstring).
+
 Clean exit: ``stop_batch_threads_at_exit`` stops fairseq's background batch
 threads before the interpreter shuts down (see its docstring).
 """
@@ -264,6 +268,66 @@ def patch_resume_batches() -> None:
 
     get_batch_iterator.__fairseq_ext_exact_resume__ = True
     FairseqTask.get_batch_iterator = get_batch_iterator
+
+
+def patch_amp_loss_scaler() -> None:
+    """``--amp`` unscales the gradient once, and its loss scaler starts at
+    ``--amp-init-scale`` and grows after ``--amp-scale-window`` updates, as fairseq
+    documents (idempotent).
+
+    Two bugs of fairseq 0.12.2 / fairseq-fixed 0.12.3.1's ``AMPOptimizer``:
+
+    * the update uses the gradient divided by the loss scale: ``clip_grad_norm`` (called
+      at every update) unscales the gradient through ``GradScaler.unscale_`` of the torch
+      optimizer, and ``step`` hands ``GradScaler.step`` the fairseq optimizer wrapping
+      it, another object to the scaler, which unscales it a second time. SGD's step is
+      then lr / scale times the gradient; Adam's is nearly scale-free but its epsilon
+      acts as epsilon x scale, and the dynamic scale grows during training. Here
+      ``clip_grad_norm`` unscales the object that ``step`` hands on, so it is unscaled once;
+      the gradient norm fairseq logs and clips was already the once-unscaled one.
+    * the scaler is built with ``init_scale=--fp16-init-scale`` and, when
+      ``--amp-scale-window`` is given, ``growth_interval=--amp-init-scale`` (fairseq issue
+      #5342). It is rebuilt here from the two ``--amp-*`` options; with neither given the
+      scaler is fairseq's (both initial scales default to 128, the window to torch's 2000).
+
+    Found by the GPU run of ``tests/test_gpu.py`` (docs/performance.md);
+    ``tests/test_amp_scaler.py`` checks both on the CPU against fairseq's own class."""
+    try:
+        from fairseq.optim.amp_optimizer import AMPOptimizer
+    except ImportError:  # a fairseq without AMP support
+        return
+    original_init = AMPOptimizer.__init__
+    if getattr(original_init, "__fairseq_ext_amp__", False):
+        return
+    original_clip = AMPOptimizer.clip_grad_norm
+
+    @functools.wraps(original_init)
+    def __init__(self, cfg, params, fp32_optimizer, **kwargs):
+        original_init(self, cfg, params, fp32_optimizer, **kwargs)
+        options = {"init_scale": cfg.common.amp_init_scale}
+        window = getattr(cfg.common, "amp_scale_window", None)
+        if window is not None:
+            options["growth_interval"] = window
+        self._grad_scaler = torch.cuda.amp.GradScaler(**options)
+        logging.getLogger(__name__).info(
+            f"fairseq_ext: --amp loss scale starts at {options['init_scale']} (--amp-init-scale) and grows after "
+            f"{options.get('growth_interval', 2000)} updates without overflow (--amp-scale-window)")
+
+    @functools.wraps(original_clip)
+    def clip_grad_norm(self, max_norm, aggregate_norm_fn=None):
+        self.scaler.unscale_(self.fp32_optimizer)  # the object step() hands GradScaler.step
+        grad_norm = self.fp32_optimizer.clip_grad_norm(max_norm, aggregate_norm_fn)
+        if not torch.isfinite(grad_norm).all():
+            new_loss_scale = self.next_loss_scale
+            if new_loss_scale <= self.min_loss_scale:
+                raise FloatingPointError(f"AMP: minimum loss scale reached ({self.min_loss_scale}): the loss is "
+                                         f"probably exploding; try restarting training or use fp32 ({new_loss_scale})")
+            logging.getLogger(__name__).info(f"AMP: overflow detected, setting scale to {new_loss_scale}")
+        return grad_norm
+
+    __init__.__fairseq_ext_amp__ = True
+    AMPOptimizer.__init__ = __init__
+    AMPOptimizer.clip_grad_norm = clip_grad_norm
 
 
 def stop_batch_threads_at_exit() -> None:

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -41,26 +42,45 @@ def _train(data, out, extra, arch="transformer"):
             if "train_inner" in l and "{" in l]
 
 
-@pytest.mark.parametrize("precision", list(PRECISIONS))
-@pytest.mark.parametrize("criterion", list(CRITERIA))
-def test_mixed_precision_training_stays_finite(criterion, precision, toy_bin, tmp_path):
-    logs = _train(toy_bin, tmp_path, CRITERIA[criterion] + PRECISIONS[precision])
-    assert len(logs) == 6
-    assert all(math.isfinite(float(log["loss"])) for log in logs)
-    last = torch.load(tmp_path / "rank0.update6.pt")
-    assert all(torch.isfinite(v.float()).all() for v in last.values() if v.is_floating_point())
+@pytest.mark.timeout(280)  # nine fairseq processes; the first test in the file, so it starts first under xdist
+def test_translation_search_decodes_in_fp16(toy_bin, tmp_path):
+    """A transformer trained in fp16 decoded by --task translation_search on CUDA:
+    beam 1 of the hard search is fairseq's greedy output, and the soft beam at alpha
+    1e9 prints the hard beam's hypotheses (float32); fp16 decoding runs and mostly
+    agrees."""
+    user = ["--user-dir", os.path.join(REPO, "fairseq_ext")]
+    run_cli(["fairseq-train", toy_bin, *user, "--task", "translation", *toy.TINY_ARCHS["transformer"],
+             "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "0.01", "--max-tokens", "400",
+             "--max-update", "150", "--fp16", "--num-workers", "0", "--save-dir", str(tmp_path / "ck"),
+             "--no-epoch-checkpoints", "--disable-validation", "--seed", "1"])
+    base = ["fairseq-generate", toy_bin, *user, "--task", "translation_search", "--path",
+            str(tmp_path / "ck" / "checkpoint_last.pt"), "--gen-subset", "valid", "--batch-size", "16"]
+    hyps = _decode_both_precisions(base, {
+        "fairseq1": ["--beam", "1"], "hard1": ["--beam", "1", "--translation-search", "hard"],
+        "hard3": ["--beam", "3", "--translation-search", "hard"],
+        "soft3": ["--beam", "3", "--translation-search", "soft", "--search-alpha", "1e9"]})
+    assert len(hyps["fairseq1"]) == 40
+    assert hyps["hard1"] == hyps["fairseq1"]
+    assert hyps["soft3"] == hyps["hard3"]
 
 
 @pytest.mark.parametrize("precision", ["fp16", "amp"])
 def test_mgs_update_does_not_depend_on_the_loss_scale(precision, toy_bin, tmp_path):
     """The MGS direction is handed to fairseq as a gradient, which fairseq scales and
-    unscales by a power of two: the updates must be bitwise the same for any scale.
-    CUDA kernels with atomic adds (embedding backward) need not repeat bitwise, and one
-    flipped greedy token changes MGS's weights: so the runs at two scales must agree up
-    to the first update at which two runs at the same scale differ (a dependence on the
-    scale shows at the first update)."""
+    unscales by a power of two: the updates must be bitwise the same at loss scales 4
+    and 1024 (Adam turns a difference in the gradient into different bits; MGS
+    forgetting the scale, or applying it twice, shows at the first update). CUDA kernels
+    with atomic adds (embedding backward) need not repeat bitwise, and one flipped greedy
+    token changes MGS's weights: so two runs at each scale are made, and the runs at two
+    scales must agree as far as the runs at one scale agree. The first differences of
+    all pairs are reported as a warning. Under --amp the scaler follows --amp-init-scale
+    and --amp-scale-window only with fairseq_ext.compat.patch_amp_loss_scaler: fairseq
+    0.12 itself starts at --fp16-init-scale and grows the scale every --amp-init-scale
+    updates (run 4 then doubled its scale after update 4 and parted from run 1024 at
+    update 5, docs/performance.md)."""
     prefix = "--fp16" if precision == "fp16" else "--amp"
-    for run, scale in (("4", "4"), ("1024", "1024"), ("1024b", "1024")):
+    runs = {"4": "4", "4b": "4", "1024": "1024", "1024b": "1024"}
+    for run, scale in runs.items():
         _train(toy_bin, tmp_path / run, CRITERIA["mgs"] + PRECISIONS[precision]
                + [f"{prefix}-init-scale", scale, f"{prefix}-scale-window", "1000"])
 
@@ -69,12 +89,24 @@ def test_mgs_update_does_not_depend_on_the_loss_scale(precision, toy_bin, tmp_pa
             a, b = (torch.load(tmp_path / r / f"rank0.update{update}.pt") for r in (x, y))
             if not all(torch.equal(a[k], b[k]) for k in a):
                 return update
-        return 7
+        return 7  # agree through update 6
 
-    repeat = first_difference("1024", "1024b")
-    scales = first_difference("4", "1024")
-    assert repeat > 1, "two runs at one scale differ at the first update"
-    assert scales >= repeat, f"update {scales} depends on the loss scale (runs at one scale agree up to {repeat})"
+    pairs = {(x, y): first_difference(x, y) for x, y in (("4", "4b"), ("1024", "1024b"), ("4", "1024"), ("4b", "1024b"))}
+    report = ", ".join(f"{x} vs {y}: {d if d < 7 else 'none'}" for (x, y), d in pairs.items())
+    warnings.warn(f"mgs {precision}: first differing update of runs at loss scales {report}")
+    repeat = min(pairs[("4", "4b")], pairs[("1024", "1024b")])
+    assert repeat > 1, f"two runs at one scale differ at the first update ({report})"
+    assert min(pairs[("4", "1024")], pairs[("4b", "1024b")]) >= repeat, f"the update depends on the loss scale ({report})"
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("criterion", list(CRITERIA))
+def test_mixed_precision_training_stays_finite(criterion, precision, toy_bin, tmp_path):
+    logs = _train(toy_bin, tmp_path, CRITERIA[criterion] + PRECISIONS[precision])
+    assert len(logs) == 6
+    assert all(math.isfinite(float(log["loss"])) for log in logs)
+    last = torch.load(tmp_path / "rank0.update6.pt")
+    assert all(torch.isfinite(v.float()).all() for v in last.values() if v.is_floating_point())
 
 
 def test_mgs_restores_half_precision_cuda_parameters_bitwise():
@@ -167,27 +199,6 @@ def _decode_both_precisions(base, searches):
         same = sum(_texts(half)[i] == h for i, h in hyps[name].items())
         assert same >= 0.8 * len(hyps[name]), f"{name}: fp16 agrees with float32 on {same} of {len(hyps[name])}"
     return hyps
-
-
-def test_translation_search_decodes_in_fp16(toy_bin, tmp_path):
-    """A transformer trained in fp16 decoded by --task translation_search on CUDA:
-    beam 1 of the hard search is fairseq's greedy output, and the soft beam at alpha
-    1e9 prints the hard beam's hypotheses (float32); fp16 decoding runs and mostly
-    agrees."""
-    user = ["--user-dir", os.path.join(REPO, "fairseq_ext")]
-    run_cli(["fairseq-train", toy_bin, *user, "--task", "translation", *toy.TINY_ARCHS["transformer"],
-             "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "0.01", "--max-tokens", "400",
-             "--max-update", "150", "--fp16", "--num-workers", "0", "--save-dir", str(tmp_path / "ck"),
-             "--no-epoch-checkpoints", "--disable-validation", "--seed", "1"])
-    base = ["fairseq-generate", toy_bin, *user, "--task", "translation_search", "--path",
-            str(tmp_path / "ck" / "checkpoint_last.pt"), "--gen-subset", "valid", "--batch-size", "16"]
-    hyps = _decode_both_precisions(base, {
-        "fairseq1": ["--beam", "1"], "hard1": ["--beam", "1", "--translation-search", "hard"],
-        "hard3": ["--beam", "3", "--translation-search", "hard"],
-        "soft3": ["--beam", "3", "--translation-search", "soft", "--search-alpha", "1e9"]})
-    assert len(hyps["fairseq1"]) == 40
-    assert hyps["hard1"] == hyps["fairseq1"]
-    assert hyps["soft3"] == hyps["hard3"]
 
 
 def test_residual_nce_trains_in_fp16(toy_lm_bin, tmp_path):
