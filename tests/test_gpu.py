@@ -64,6 +64,22 @@ def test_translation_search_decodes_in_fp16(toy_bin, tmp_path):
     assert hyps["soft3"] == hyps["hard3"]
 
 
+def test_amp_update_is_the_float32_update(toy_bin, tmp_path):
+    """fairseq 0.12's --amp made every update the optimizer's step on gradient / loss scale
+    (the gradient unscaled twice; fixed by fairseq_ext.compat.patch_amp_loss_scaler). With
+    SGD without momentum the step is lr x gradient: an --amp step must be the float32 step up
+    to half precision's rounding, not 1/128 of it (the default initial scale)."""
+    sgd = ["--criterion", "cross_entropy", "--max-update", "2", "--optimizer", "sgd", "--lr", "0.5", "--momentum", "0.0"]
+    steps = {}
+    for name, extra in (("fp32", []), ("amp", ["--amp"])):
+        _train(toy_bin, tmp_path / name, sgd + extra)
+        a, b = (torch.load(tmp_path / name / f"rank0.update{u}.pt") for u in (1, 2))
+        steps[name] = torch.cat([(b[k].double() - a[k].double()).flatten() for k in a if a[k].is_floating_point()])
+    ratio = float(steps["amp"].norm() / steps["fp32"].norm())
+    cosine = float(torch.nn.functional.cosine_similarity(steps["amp"], steps["fp32"], dim=0))
+    assert 0.9 < ratio < 1.1 and cosine > 0.95, f"--amp step / float32 step: norm ratio {ratio:.4f}, cosine {cosine:.4f}"
+
+
 @pytest.mark.parametrize("precision", ["fp16", "amp"])
 def test_mgs_update_does_not_depend_on_the_loss_scale(precision, toy_bin, tmp_path):
     """The MGS direction is handed to fairseq as a gradient, which fairseq scales and
