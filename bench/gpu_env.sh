@@ -3,10 +3,8 @@
 # PYTHONPATH, the machine's description in $OUT/env.txt.
 #
 # The machine has torch but not fairseq: wheels for its Python (3.12) travel in .whl/ (fairseq-fixed,
-# hydra-core, omegaconf, antlr4-python3-runtime, bitarray, cffi, editdistance), fetched here with
-#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl NAME==VERSION
-# (antlr4-python3-runtime==4.9.3 has no wheel: `pip wheel --no-deps` builds its pure-Python one).
+# hydra-core, omegaconf, antlr4-python3-runtime, bitarray, cffi, editdistance, at this checkout's
+# .venv versions), fetched before the session, on this machine, by bench/fetch_gpu_wheels.sh.
 OUT=${OUT:?set OUT to a directory for the logs}
 export PYTHONUNBUFFERED=1 FAIRSEQ_EXT_FORKSERVER=0
 if ! python3 -c "import fairseq" 2>/dev/null; then

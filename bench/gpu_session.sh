@@ -4,7 +4,8 @@
 # criterion's updates in fp16, CUDA decoding and sampling) and the benchmarks on CUDA. Each step has
 # its own time limit and writes under OUT, so a step that fails or hangs leaves the others' results.
 #
-# The machine has torch but not fairseq: bench/gpu_env.sh installs the wheels carried in .whl/.
+# The machine has torch but not fairseq: bench/gpu_env.sh installs the wheels carried in .whl/
+# (fetch them here first: bash bench/fetch_gpu_wheels.sh; then the device call carries [".whl"]).
 # Run: OUT=DIR [BENCHES="bench_dss ..."] [TEST_LIMIT=seconds] bash bench/gpu_session.sh [pytest -k expression]
 set -u
 OUT=${OUT:?set OUT to a directory for the logs}
