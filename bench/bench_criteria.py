@@ -13,7 +13,10 @@ the first B sentences. Rows, each with its training settings of the docs:
 position fed the relaxed decision, the worst case), ``soft_beam_direct_loss`` and
 ``soft_beam_hinge`` (k = 3), ``mrt`` (4 samples), ``pg`` (4 samples, self-critical
 greedy baseline), ``mgs`` (K = 4 candidates, greedy decoding). Time: ``--warmup``
-untimed rounds, ``--repeats`` interleaved rounds, median, wall clock. Printed,
+untimed rounds, ``--repeats`` interleaved rounds, median, wall clock. ``--amp``: every
+step (CE's too) under ``torch.autocast`` (float16 on CUDA, bfloat16 on the CPU), as
+fairseq's ``--amp`` runs the forward and backward; without a loss scaler, which only
+multiplies. Printed,
 never asserted. ``residual_nce`` (another task and model) is measured by
 ``bench_residual.py``.
 """
@@ -60,9 +63,11 @@ def build(data: str, quick: bool, device: torch.device):
     return task, model.to(device).train(), crits
 
 
-def step(model, sample, criterion) -> None:
+def step(model, sample, criterion, amp: bool = False) -> None:
     model.zero_grad(set_to_none=True)
-    loss, _, _ = criterion(model, sample)
+    device = sample["target"].device.type
+    with torch.autocast(device, dtype=torch.float16 if device == "cuda" else torch.bfloat16, enabled=amp):
+        loss, _, _ = criterion(model, sample)
     loss.backward()
 
 
@@ -74,24 +79,26 @@ def bench(args, device: torch.device) -> List[Dict]:
         task.load_dataset("train")
         ds = task.dataset("train")
         sample = utils.apply_to_sample(lambda t: t.to(device), ds.collater([ds[i] for i in range(args.batch_size)]))
-        fns = {row: (lambda c: lambda: step(model, sample, c))(c) for row, c in crits.items()}
+        fns = {row: (lambda c: lambda: step(model, sample, c, args.amp))(c) for row, c in crits.items()}
         ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
         calls = {row: timing.aten_calls(fn) for row, fn in fns.items()} if args.op_counts else {}
     rows = [{"row": row, "ms": ms[row], "ratio": ms[row] / ms["ce"], "batch_size": args.batch_size,
-             "device": str(device)} for row in fns]
+             "device": str(device), "amp": args.amp} for row in fns]
     for r in rows if calls else []:
         r.update(aten_calls=calls[r["row"]], calls_ratio=calls[r["row"]] / calls["ce"])
     return rows
 
 
 def main(argv=None) -> None:
-    args = timing.quick_settings(timing.step_bench_parser(__doc__).parse_args(argv))
+    parser = timing.step_bench_parser(__doc__)
+    parser.add_argument("--amp", action="store_true", help="every step under torch.autocast (fairseq's --amp)")
+    args = timing.quick_settings(parser.parse_args(argv))
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     torch.manual_seed(1)
     rows = bench(args, device)
     timing.report(f"training step of each criterion / cross-entropy step, transformer, batch {args.batch_size}, "
-                  f"device {device}, {args.threads} thread(s), median of {args.repeats}",
+                  f"device {device}{', autocast' if args.amp else ''}, {args.threads} thread(s), median of {args.repeats}",
                   timing.table(["row", "ms / step", "ratio to ce"] + (["aten calls", "calls / ce"] if args.op_counts else []),
                                [[r["row"], f"{r['ms']:.1f}", f"{r['ratio']:.2f}"]
                                 + ([str(r["aten_calls"]), f"{r['calls_ratio']:.2f}"] if args.op_counts else [])

@@ -24,9 +24,12 @@ timeout ${TEST_LIMIT:-300} python3 -m pytest tests/test_gpu.py -n 12 --dist load
     > "$OUT/gpu_tests.log" 2>&1
 echo "==> tests/test_gpu.py: exit $? after $((SECONDS - t0)) s"
 tail -n 40 "$OUT/gpu_tests.log"
-BENCHES=${BENCHES:-bench_criteria bench_dss bench_soft_beam bench_mgs}  # a subset: BENCHES="bench_dss ..."
-declare -A LIMIT=([bench_criteria]=80 [bench_dss]=70 [bench_soft_beam]=150 [bench_mgs]=100)
+# a subset: BENCHES="bench_dss ..."; NAME_amp runs bench/NAME.py --amp (every step under autocast)
+BENCHES=${BENCHES:-bench_criteria bench_dss bench_soft_beam bench_mgs}
+declare -A LIMIT=([bench_criteria]=80 [bench_criteria_amp]=80 [bench_dss]=70 [bench_soft_beam]=150 [bench_mgs]=100)
 for b in $BENCHES; do
-    step "$b" "${LIMIT[$b]}" python3 "bench/$b.py" --device cuda --json "$OUT/$b.json"
+    script=${b%_amp}
+    step "$b" "${LIMIT[$b]}" python3 "bench/$script.py" --device cuda $([ "$b" = "$script" ] || echo --amp) \
+        --json "$OUT/$b.json"
 done
 grep -v -E "Warning|key_padding_mask|r = re.compile|^  " "$OUT/bench.log" | tail -n 45
