@@ -270,6 +270,9 @@ def patch_resume_batches() -> None:
     FairseqTask.get_batch_iterator = get_batch_iterator
 
 
+AMP_FIX_ENV = "FAIRSEQ_EXT_AMP_FIX"
+
+
 def patch_amp_loss_scaler() -> None:
     """``--amp`` unscales the gradient once, and its loss scaler starts at
     ``--amp-init-scale`` and grows after ``--amp-scale-window`` updates, as fairseq
@@ -291,7 +294,11 @@ def patch_amp_loss_scaler() -> None:
       scaler is fairseq's (both initial scales default to 128, the window to torch's 2000).
 
     Found by the GPU run of ``tests/test_gpu.py`` (docs/performance.md);
-    ``tests/test_amp_scaler.py`` checks both on the CPU against fairseq's own class."""
+    ``tests/test_amp_scaler.py`` checks both on the CPU against fairseq's own class.
+    ``FAIRSEQ_EXT_AMP_FIX=0`` keeps fairseq's behaviour (to repeat a run made without the
+    plugin)."""
+    if os.environ.get(AMP_FIX_ENV, "1") == "0":
+        return
     try:
         from fairseq.optim.amp_optimizer import AMPOptimizer
     except ImportError:  # a fairseq without AMP support

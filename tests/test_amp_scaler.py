@@ -73,3 +73,16 @@ def test_amp_update_unscales_the_gradient_once(monkeypatch):
     p, norm = _amp_sgd_step(FAIRSEQ_CLIP, monkeypatch)
     assert norm == pytest.approx(34 ** 0.5)
     assert torch.allclose(p, torch.tensor([1 - 0.1 * 3 / 128, 2 - 0.1 * 5 / 128]), rtol=0, atol=1e-7)
+
+
+def test_amp_fix_can_be_turned_off(monkeypatch):
+    """FAIRSEQ_EXT_AMP_FIX=0 leaves fairseq's AMPOptimizer as it is (to repeat an old run)."""
+    from fairseq_ext import compat
+
+    for value, patched in (("0", False), ("1", True)):
+        fresh = type("AMPOptimizer", (), {"__init__": FAIRSEQ_INIT, "clip_grad_norm": FAIRSEQ_CLIP})
+        monkeypatch.setattr(amp_optimizer, "AMPOptimizer", fresh)
+        monkeypatch.setenv("FAIRSEQ_EXT_AMP_FIX", value)
+        compat.patch_amp_loss_scaler()
+        assert (fresh.clip_grad_norm is not FAIRSEQ_CLIP) == patched, value
+        assert (fresh.__init__ is not FAIRSEQ_INIT) == patched, value
