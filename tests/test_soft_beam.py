@@ -786,7 +786,7 @@ def test_search_without_dropout_keeps_rnns_trainable_and_dropout_free(toy_bin):
         model.zero_grad()
         loss = criterion(model, sample)[0]
         loss.backward()
-        return float(loss), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        return float(loss.detach()), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
     (la, ga), (lb, gb) = run(True), run(True)
     assert seen and all(s == (True, 0.0) for s in seen)
