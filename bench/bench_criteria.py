@@ -20,6 +20,8 @@ multiplies. Printed,
 never asserted. ``residual_nce`` (another task and model) is measured by
 ``bench_residual.py``.
 """
+import contextlib
+import functools
 import logging
 import os
 import sys
@@ -63,10 +65,9 @@ def build(data: str, quick: bool, device: torch.device):
     return task, model.to(device).train(), crits
 
 
-def step(model, sample, criterion, amp: bool = False) -> None:
+def step(model, sample, criterion, autocast=contextlib.nullcontext) -> None:
     model.zero_grad(set_to_none=True)
-    device = sample["target"].device.type
-    with torch.autocast(device, dtype=torch.float16 if device == "cuda" else torch.bfloat16, enabled=amp):
+    with autocast():
         loss, _, _ = criterion(model, sample)
     loss.backward()
 
@@ -79,7 +80,9 @@ def bench(args, device: torch.device) -> List[Dict]:
         task.load_dataset("train")
         ds = task.dataset("train")
         sample = utils.apply_to_sample(lambda t: t.to(device), ds.collater([ds[i] for i in range(args.batch_size)]))
-        fns = {row: (lambda c: lambda: step(model, sample, c, args.amp))(c) for row, c in crits.items()}
+        autocast = contextlib.nullcontext if not args.amp else functools.partial(
+            torch.autocast, device.type, dtype=torch.float16 if device.type == "cuda" else torch.bfloat16)
+        fns = {row: (lambda c: lambda: step(model, sample, c, autocast))(c) for row, c in crits.items()}
         ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
         calls = {row: timing.aten_calls(fn) for row, fn in fns.items()} if args.op_counts else {}
     rows = [{"row": row, "ms": ms[row], "ratio": ms[row] / ms["ce"], "batch_size": args.batch_size,
