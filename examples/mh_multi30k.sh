@@ -146,6 +146,9 @@ run() {  # name
       --mh-stats-file "$OUT/$name.jsonl" > "$OUT/$name.gen" 2> "$OUT/$name.gen.log"
     "$PYTHON" scripts/score.py "$OUT/$name.gen" --json "$OUT/$name.json" > /dev/null
   fi
+  # the row's curves and averages, small enough to keep with its scores (the stats file is not)
+  [ -s "$OUT/$name.curves.json" ] || [ ! -s "$OUT/$name.jsonl" ] || "$PYTHON" scripts/plot_mh.py \
+    "$OUT/$name.jsonl" --labels "$name" --json "$OUT/$name.curves.json" > /dev/null
   echo "done: $name"
 }
 for name in $ONLY; do
@@ -156,13 +159,16 @@ wait
 
 # the summary covers every finished run of OUT in table order, not only this call's ONLY (a call
 # that runs a few rows would otherwise overwrite the table and figures of the others)
+stats() {  # name: its stats file, or where that is gone (a kept row), its curves file
+  if [ -s "$OUT/$1.jsonl" ]; then echo "$OUT/$1.jsonl"; else echo "$OUT/$1.curves.json"; fi
+}
 FINISHED=""
-for name in $ORDER; do [ -s "$OUT/$name.json" ] && [ -s "$OUT/$name.jsonl" ] && FINISHED+=" $name"; done
+for name in $ORDER; do [ -s "$OUT/$name.json" ] && [ -s "$(stats "$name")" ] && FINISHED+=" $name"; done
 echo "BLEU of the printed hypotheses (baselines; samplers: chain 0's final state, or its lowest-energy state with --mh-output best)"
 for b in warm_start mask_predict $FINISHED; do
   echo "$b: $("$PYTHON" -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["bleu"], 2))' "$OUT/$b.json")"
 done
 echo "Averages over the epochs after burn-in, all chains"
-files=(); for name in $FINISHED; do files+=("$OUT/$name.jsonl"); done
+files=(); for name in $FINISHED; do files+=("$(stats "$name")"); done
 "$PYTHON" scripts/plot_mh.py "${files[@]}" --labels "$(echo $FINISHED | tr ' ' ,)" --json "$OUT/mh_summary.json" \
   $("$PYTHON" -c 'import matplotlib' 2>/dev/null && echo --png "$OUT/mh")

@@ -19,7 +19,13 @@ A run given as comma-separated stats files (``s1.jsonl,s2.jsonl,s3.jsonl``: one 
 sampler seed) is one row: each file is summarised on its own, and the row gives the
 mean +- sample std over the files (the curves: their mean).
 
-usage: scripts/plot_mh.py RUN.jsonl[,SEED2.jsonl ...] [RUN2.jsonl ...] [--labels a,b]
+A stats file is large (every chain's state per epoch); ``--json`` of one run of one seed
+(``plot_mh.py RUN.jsonl --json RUN.curves.json``, as examples/mh_multi30k.sh writes beside
+each row) holds all that its table row and curves need, and may be given in its place
+(``s1.curves.json,s2.jsonl``): a recipe keeps it with its scores (scripts/keep_results.py
+keeps ``*.json``), so tables and figures can be drawn again after the stats files are gone.
+
+usage: scripts/plot_mh.py RUN.jsonl[,SEED2.jsonl|SEED2.curves.json ...] [RUN2.jsonl ...] [--labels a,b]
        [--png PREFIX [--curves e_local,bleu] [--panels] [--bleu-line NAME=VALUE ...]]
        [--json FILE] [--post-process sentencepiece|none]
 """
@@ -81,10 +87,31 @@ def summary(curves: Dict[str, List[float]], burn_in: int) -> Dict[str, float]:
     return {k: sum(v[burn_in:]) / len(v[burn_in:]) for k, v in curves.items() if v[burn_in:]}
 
 
+def load_curves(path: str) -> dict:
+    """A seed's curves and shape from ``--json`` of one run of one seed."""
+    try:
+        with open(path) as f:
+            runs = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        sys.exit(f"plot_mh: cannot read curves file {path}: {e}")
+    run = next(iter(runs.values()), None) if isinstance(runs, dict) and len(runs) == 1 else None
+    if not isinstance(run, dict) or not {"curves", "burn_in", "sentences", "chains"} <= set(run):
+        sys.exit(f"plot_mh: {path} is not plot_mh.py --json output of one run")
+    if run.get("seeds", 1) != 1:
+        sys.exit(f"plot_mh: {path} holds a run pooled over {run['seeds']} seeds; give each seed's own file")
+    curves = {k: run["curves"].get(k, []) for k in KEYS}
+    return {"curves": curves, "summary": summary(curves, run["burn_in"]), "sentences": run["sentences"],
+            "burn_in": run["burn_in"], "chains": run["chains"]}
+
+
 def load_run(paths: List[str], post_process: str) -> dict:
-    """One run over its seeds' stats files: per-seed summaries, their mean and std, mean curves."""
+    """One run over its seeds' stats files (or curves files): per-seed summaries, their mean
+    and std, mean curves."""
     seeds = []
     for path in paths:
+        if path.endswith(".json"):
+            seeds.append(load_curves(path))
+            continue
         records = load(path)
         curves = per_epoch(records, post_process)
         burn_in = records[0].get("burn_in", 0)
@@ -102,6 +129,12 @@ def load_run(paths: List[str], post_process: str) -> dict:
         run["summary_std"] = {k: statistics.stdev(r["summary"][k] for r in seeds) for k in keys}
         run["per_seed"] = [r["summary"] for r in seeds]
     return run
+
+
+def run_name(path: str) -> str:
+    """RUN of RUN.jsonl or RUN.curves.json."""
+    name = os.path.basename(path).rsplit(".", 1)[0]
+    return name[:-len(".curves")] if name.endswith(".curves") else name
 
 
 def cell(run: dict, key: str, digits: int) -> str:
@@ -126,7 +159,8 @@ def reference_line(spec: str):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", help="stats files (--mh-stats-file); one run's seeds joined by commas")
+    p.add_argument("runs", nargs="+", help="stats files (--mh-stats-file), or a seed's --json in its place (*.json); "
+                   "one run's seeds joined by commas")
     p.add_argument("--labels", help="comma-separated run names (default: file names)")
     p.add_argument("--png", help="write PREFIX_<curve>.png (with --panels: PREFIX.png)")
     p.add_argument("--curves", default=",".join(KEYS), help=f"curves to draw, comma-separated, of {','.join(KEYS)}")
@@ -147,7 +181,7 @@ def main():
     except ImportError as e:
         sys.exit(f"plot_mh: --png: {e}")
     labels = (args.labels.split(",") if args.labels
-              else [os.path.basename(r.split(",")[0]).rsplit(".", 1)[0] for r in args.runs])
+              else [run_name(r.split(",")[0]) for r in args.runs])
     if len(labels) != len(args.runs):
         sys.exit(f"plot_mh: {len(labels)} --labels for {len(args.runs)} runs")
     results = {}

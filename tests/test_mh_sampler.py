@@ -281,6 +281,22 @@ def test_plot_mh_averages_a_run_over_its_seeds(tmp_path):
     short = stats(tmp_path / "short.jsonl", [0, 5, 7], [9, 4, 2], epochs=2)
     with pytest.raises(AssertionError, match="seeds of one run differ"):
         run_cli(["python", "scripts/plot_mh.py", f"{s1},{short}"])
+    # a seed's --json stands in for its stats file (kept when the stats file is gone): the same
+    # hand-computed row; a pooled --json (two seeds) is refused, naming the file
+    c2 = tmp_path / "s2.curves.json"
+    run_cli(["python", "scripts/plot_mh.py", s2, "--json", str(c2)])
+    (tmp_path / "s2.jsonl").unlink()
+    pooled = tmp_path / "pooled.json"
+    out = run_cli(["python", "scripts/plot_mh.py", f"{s1},{c2}", str(c2), "--json", str(pooled)]).stdout
+    assert "| s1 | 1 x 1 | 2 | 2.00 +- 1.41 | -2.00 +- 1.41 | 0.500 +- 0.141 | 0.500 +- 0.141 | - |" in out
+    assert "| s2 | 1 x 1 | 1 | 1.00 | -1.00 | 0.400 | 0.400 | - |" in out
+    for bad, message in ((tmp_path / "mh.json", "is not plot_mh.py --json output of one run"),
+                         (pooled, "is not plot_mh.py --json output of one run")):
+        with pytest.raises(AssertionError, match=re.escape(f"plot_mh: {bad} {message}")):
+            run_cli(["python", "scripts/plot_mh.py", f"{s1},{bad}"])
+    run_cli(["python", "scripts/plot_mh.py", f"{s1},{c2}", "--labels", "both", "--json", str(pooled)])
+    with pytest.raises(AssertionError, match=re.escape(f"plot_mh: {pooled} holds a run pooled over 2 seeds")):
+        run_cli(["python", "scripts/plot_mh.py", f"{s1},{pooled}"])
 
 
 def test_plot_mh_draws_the_chosen_curves_as_panels_of_one_figure(tmp_path):
