@@ -99,9 +99,13 @@ def load_curves(path: str) -> dict:
         sys.exit(f"plot_mh: {path} is not plot_mh.py --json output of one run")
     if run.get("seeds", 1) != 1:
         sys.exit(f"plot_mh: {path} holds a run pooled over {run['seeds']} seeds; give each seed's own file")
-    curves = {k: run["curves"].get(k, []) for k in KEYS}
-    return {"curves": curves, "summary": summary(curves, run["burn_in"]), "sentences": run["sentences"],
-            "burn_in": run["burn_in"], "chains": run["chains"]}
+    return seed_record({k: run["curves"].get(k, []) for k in KEYS}, run["burn_in"], run["sentences"], run["chains"])
+
+
+def seed_record(curves: Dict[str, List[float]], burn_in: int, sentences: int, chains: int) -> dict:
+    """One seed of a run: its curves, their averages after burn-in, and its shape."""
+    return {"curves": curves, "summary": summary(curves, burn_in), "sentences": sentences,
+            "burn_in": burn_in, "chains": chains}
 
 
 def load_run(paths: List[str], post_process: str) -> dict:
@@ -113,10 +117,8 @@ def load_run(paths: List[str], post_process: str) -> dict:
             seeds.append(load_curves(path))
             continue
         records = load(path)
-        curves = per_epoch(records, post_process)
-        burn_in = records[0].get("burn_in", 0)
-        seeds.append({"curves": curves, "summary": summary(curves, burn_in), "sentences": len(records),
-                      "burn_in": burn_in, "chains": len(records[0]["epochs"][0]["proposals"])})
+        seeds.append(seed_record(per_epoch(records, post_process), records[0].get("burn_in", 0), len(records),
+                                 len(records[0]["epochs"][0]["proposals"])))
     shapes = {(r["sentences"], r["chains"], r["burn_in"], len(r["curves"]["accept"])) for r in seeds}
     if len(shapes) > 1:
         sys.exit(f"plot_mh: the seeds of one run differ in sentences, chains, burn-in or epochs: {', '.join(paths)}")

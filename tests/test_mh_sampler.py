@@ -286,14 +286,14 @@ def test_plot_mh_averages_a_run_over_its_seeds(tmp_path):
     c2 = tmp_path / "s2.curves.json"
     run_cli(["python", "scripts/plot_mh.py", s2, "--json", str(c2)])
     (tmp_path / "s2.jsonl").unlink()
-    pooled = tmp_path / "pooled.json"
-    out = run_cli(["python", "scripts/plot_mh.py", f"{s1},{c2}", str(c2), "--json", str(pooled)]).stdout
+    out = run_cli(["python", "scripts/plot_mh.py", f"{s1},{c2}", str(c2)]).stdout
     assert "| s1 | 1 x 1 | 2 | 2.00 +- 1.41 | -2.00 +- 1.41 | 0.500 +- 0.141 | 0.500 +- 0.141 | - |" in out
     assert "| s2 | 1 x 1 | 1 | 1.00 | -1.00 | 0.400 | 0.400 | - |" in out
-    for bad, message in ((tmp_path / "mh.json", "is not plot_mh.py --json output of one run"),
-                         (pooled, "is not plot_mh.py --json output of one run")):
-        with pytest.raises(AssertionError, match=re.escape(f"plot_mh: {bad} {message}")):
-            run_cli(["python", "scripts/plot_mh.py", f"{s1},{bad}"])
+    two_runs = tmp_path / "mh.json"  # "both" and "one", written above
+    message = f"plot_mh: {two_runs} is not plot_mh.py --json output of one run"
+    with pytest.raises(AssertionError, match=re.escape(message)):
+        run_cli(["python", "scripts/plot_mh.py", f"{s1},{two_runs}"])
+    pooled = tmp_path / "pooled.json"
     run_cli(["python", "scripts/plot_mh.py", f"{s1},{c2}", "--labels", "both", "--json", str(pooled)])
     with pytest.raises(AssertionError, match=re.escape(f"plot_mh: {pooled} holds a run pooled over 2 seeds")):
         run_cli(["python", "scripts/plot_mh.py", f"{s1},{pooled}"])
