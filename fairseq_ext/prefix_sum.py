@@ -27,6 +27,11 @@ CLI: ``python -m fairseq_ext.prefix_sum OUT_DIR [--train N --valid N --test N
 ``python -m fairseq_ext.prefix_sum --score GENERATE_OUTPUT [--json FILE]``
 prints greedy token accuracy, whole-sequence accuracy and accuracy by target
 position of a ``fairseq-generate`` output (its H- and T- lines).
+
+``python -m fairseq_ext.prefix_sum --corrupted-history CHECKPOINT --data BIN_DIR
+[--split test] [--json FILE]`` prints how often a trained model recovers from
+one wrong token in an otherwise gold history, and how often it carries the error
+forward (``corrupted_history``).
 """
 import argparse
 import json
@@ -102,29 +107,89 @@ def position_accuracy(hyps: Sequence[Sequence[str]], refs: Sequence[Sequence[str
             "by_position": {t: pos_right[t] / pos_total[t] for t in sorted(pos_total)}}
 
 
+def _checkpoint_batches(checkpoint: str, data_dir: str, split: str, size: int = 100):
+    """The model of a translation checkpoint (eval mode), its target dictionary and
+    the collated batches of ``split`` of the binarized ``data_dir``."""
+    from fairseq import checkpoint_utils
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": data_dir})
+    task.load_dataset(split)
+    ds = task.dataset(split)
+    batches = [ds.collater([ds[i] for i in range(start, min(start + size, len(ds)))])
+               for start in range(0, len(ds), size)]
+    return models[0].eval(), task.tgt_dict, batches
+
+
 def teacher_forced_by_position(checkpoint: str, data_dir: str, split: str) -> Dict[int, float]:
     """{t: accuracy of the argmax at target position t given the gold prefix}
     of a translation checkpoint on ``split`` of the binarized ``data_dir`` (EOS
     not counted): what the model gets right when its history is never wrong,
     to set beside ``position_accuracy`` of its greedy outputs."""
     import torch
-    from fairseq import checkpoint_utils
 
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": data_dir})
-    model = models[0].eval()
-    task.load_dataset(split)
-    ds = task.dataset(split)
+    model, tgt_dict, batches = _checkpoint_batches(checkpoint, data_dir, split)
     right, total = {}, {}
     with torch.no_grad():
-        for start in range(0, len(ds), 100):
-            sample = ds.collater([ds[i] for i in range(start, min(start + 100, len(ds)))])
+        for sample in batches:
             pred = model(**sample["net_input"])[0].argmax(-1)
             tgt = sample["target"]
             for t in range(tgt.size(1)):
-                keep = tgt[:, t].ne(task.tgt_dict.pad()) & tgt[:, t].ne(task.tgt_dict.eos())
+                keep = tgt[:, t].ne(tgt_dict.pad()) & tgt[:, t].ne(tgt_dict.eos())
                 right[t + 1] = right.get(t + 1, 0) + int((pred[:, t].eq(tgt[:, t]) & keep).sum())
                 total[t + 1] = total.get(t + 1, 0) + int(keep.sum())
     return {t: right[t] / total[t] for t in sorted(total) if total[t]}
+
+
+def corrupted_history(model, tgt_dict, batches, positions: Sequence[int] = range(3, 9), modulus: int = 10) -> Dict:
+    """Recovery from one wrong token in an otherwise gold history. For every
+    sentence and every c in ``positions`` with a y_{c+1}, the decoder is fed the
+    gold prefix with y_c replaced by y_c + 1 (mod ``modulus``), and its argmax at
+    position c + 1 is scored: ``recovered``, the share equal to the gold y_{c+1}
+    (the running sum, computable from the source); ``followed``, the share equal
+    to y_{c+1} + 1, what the shortcut y_{t-1} + x_t gives on the wrong history (the
+    error carried forward). Teacher forcing never shows a wrong history; a model
+    trained on its own outputs has seen them with the gold next token, so this is
+    the mechanism scheduled sampling is meant to teach, measured directly.
+    ``model(src_tokens, src_lengths, prev_output_tokens)`` returns (logits, ...),
+    as a fairseq translation model does; ``batches`` are collated samples
+    (right-padded targets, ``prev_output_tokens`` = EOS then the target)."""
+    import torch
+
+    value = {tgt_dict.index(f"y{v}"): v for v in range(modulus)}
+    if tgt_dict.unk() in value:
+        raise ValueError(f"the target dictionary lacks some of y0 .. y{modulus - 1}: not running sums mod {modulus}")
+    symbol = torch.full((len(tgt_dict),), -1, dtype=torch.long)
+    for idx, v in value.items():
+        symbol[idx] = v
+    index_of = torch.tensor([tgt_dict.index(f"y{v}") for v in range(modulus)])
+    recovered = followed = n = 0
+    with torch.no_grad():
+        for sample in batches:
+            tgt, net = sample["target"], sample["net_input"]
+            for c in positions:
+                if c < 1 or c >= tgt.size(1):
+                    continue
+                gold_c, gold_next = symbol[tgt[:, c - 1]], symbol[tgt[:, c]]
+                keep = gold_c.ge(0) & gold_next.ge(0)
+                if not keep.any():
+                    continue
+                prev = net["prev_output_tokens"].clone()
+                assert bool(prev[keep, c].eq(tgt[keep, c - 1]).all()), "prev_output_tokens is not EOS + target"
+                prev[keep, c] = index_of[(gold_c[keep] + 1) % modulus]
+                pred = model(net["src_tokens"], net["src_lengths"], prev)[0][:, c].argmax(-1)[keep]
+                recovered += int(pred.eq(tgt[keep, c]).sum())
+                followed += int(pred.eq(index_of[(gold_next[keep] + 1) % modulus]).sum())
+                n += int(keep.sum())
+    if not n:
+        raise ValueError(f"no sentence has a target position {min(positions) + 1} or later to score")
+    return {"recovered": recovered / n, "followed": followed / n, "n": n, "positions": list(positions)}
+
+
+def corrupted_history_of_checkpoint(checkpoint: str, data_dir: str, split: str, positions: Sequence[int] = range(3, 9),
+                                    modulus: int = 10) -> Dict:
+    """``corrupted_history`` of a translation checkpoint on ``split`` of the binarized ``data_dir``."""
+    model, tgt_dict, batches = _checkpoint_batches(checkpoint, data_dir, split)
+    return corrupted_history(model, tgt_dict, batches, positions, modulus)
 
 
 def main(argv=None) -> None:
@@ -139,8 +204,23 @@ def main(argv=None) -> None:
     p.add_argument("--max-len", type=int, default=16)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--score", metavar="GENERATE_OUTPUT", help="score a fairseq-generate output instead")
-    p.add_argument("--json", help="with --score: also write the scores here")
+    p.add_argument("--json", help="with --score or --corrupted-history: also write the scores here")
+    p.add_argument("--corrupted-history", metavar="CHECKPOINT",
+                   help="score a checkpoint's recovery from one wrong token in the gold history instead "
+                        "(needs --data; positions 3-8 corrupted, one at a time)")
+    p.add_argument("--data", help="with --corrupted-history: the binarized data directory")
+    p.add_argument("--split", default="test", help="with --corrupted-history: the split to score (default test)")
     a = p.parse_args(argv)
+    if a.corrupted_history:
+        for path, what in ((a.corrupted_history, "--corrupted-history"), (a.data, "--data")):
+            if not path or not os.path.exists(path):
+                p.error(f"{what}: {path or 'missing'} does not exist")
+        scores = corrupted_history_of_checkpoint(a.corrupted_history, a.data, a.split, modulus=a.modulus)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(scores, f)
+        print(f"recovered {scores['recovered']:.4f} followed {scores['followed']:.4f} n {scores['n']}")
+        return
     if a.score:
         with open(a.score) as f:
             scores = position_accuracy(*read_generate_output(f.read()))
