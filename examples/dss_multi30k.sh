@@ -14,7 +14,9 @@
 # (scripts/score.py). The stages (tune, restarts, table) and CONFIG names are
 # examples/lib.sh's dss_protocol; selection by greedy dev BLEU. Then
 # scripts/compare_runs.py: each system's selected config, all restarts, against CE
-# (sacreBLEU's paired bootstrap per seed pair and pooled), greedy and beam 5.
+# (sacreBLEU's paired bootstrap per seed pair and pooled; WORK/compare.beamB.md), and
+# each system's best-on-dev restart against CE's (the thesis's reported runs;
+# WORK/compare_best.beamB.md), greedy (B = 1) and beam 5.
 #
 # A rerun skips finished runs and resumes interrupted ones (checkpoint_last.pt).
 #
@@ -106,5 +108,15 @@ if [[ " $STAGES " == *" table "* ]]; then
     echo "test, beam $beam: every restart of each system's selected config against CE"
     "$PYTHON" scripts/compare_runs.py --control ce "${specs[@]}" --json "$WORK/compare.beam$beam.json" \
       | tee "$WORK/compare.beam$beam.md"
+    best=()
+    for sys in $ONLY; do
+      read -r cfg seed <<< "$("$PYTHON" examples/dss_table.py "$WORK" --metric bleu --suffix .beam1 --best "$sys" \
+        --tune-seed "$tune_seed")"
+      best+=("$sys=$WORK/$sys.$cfg.s$seed/test.beam$beam.gen")
+    done
+    echo
+    echo "test, beam $beam: each system's best-on-dev restart (the run the thesis reports) against CE's"
+    "$PYTHON" scripts/compare_runs.py --control ce "${best[@]}" --json "$WORK/compare_best.beam$beam.json" \
+      | tee "$WORK/compare_best.beam$beam.md"
   done
 fi

@@ -73,6 +73,11 @@ def select(runs, key, tune_seed=1, prefix=""):
     return next(cfg for v, cfg in scored if v == best)
 
 
+def best_seed(dev):
+    """The seed with the best dev metric in {seed: dev} (ties: the lowest seed)."""
+    return max(sorted(dev), key=lambda s: dev[s])
+
+
 def mean_std(values):
     if len(values) == 1:
         return f"{values[0]:.2f}"
@@ -152,7 +157,7 @@ def protocol_table(a):
         seeds = runs[cfg]
         dev = {s: metric(f[0], a.metric) for s, f in seeds.items()}
         test = {s: metric(f[1], a.metric) for s, f in seeds.items()}
-        best = max(sorted(dev), key=lambda s: dev[s])
+        best = best_seed(dev)
         rows.append((name, cfg, f"{dev[best]:.2f}", f"{test[best]:.2f}", mean_std(list(dev.values())),
                      mean_std(list(test.values())), str(len(seeds))))
     print_table(rows, a.markdown)
@@ -174,6 +179,8 @@ def main(argv=None):
                    help="add, per suffix, the test difference of means against this run name and Welch's "
                         "t-test p over seeds (two-sided)")
     p.add_argument("--select", action="store_true", help="print the best-on-dev config of the one NAME")
+    p.add_argument("--best", action="store_true",
+                   help="print the selected config of the one NAME and the seed of its best-on-dev restart")
     p.add_argument("--protocol", action="store_true", help="selected config, best-on-dev restart, all restarts")
     p.add_argument("--grid", action="store_true", help="with --protocol: also the tuning grid")
     p.add_argument("--tune-seed", type=int, default=1, help="the seed whose dev metric selects the config")
@@ -186,6 +193,15 @@ def main(argv=None):
         if cfg is None:
             sys.exit(f"dss_table.py: no scored {a.names[0]}.CONFIG.s{a.tune_seed} run in {a.work}")
         print(cfg)
+        return
+    if a.best:
+        if len(a.names) != 1:
+            p.error("--best takes one NAME")
+        runs = protocol_runs(a.work, a.names[0], (a.suffix or [""])[0])
+        cfg = select(runs, a.metric, a.tune_seed, a.prefix)
+        if cfg is None:
+            sys.exit(f"dss_table.py: no scored {a.names[0]}.CONFIG.s{a.tune_seed} run in {a.work}")
+        print(cfg, best_seed({s: metric(f[0], a.metric) for s, f in runs[cfg].items()}))
         return
     if a.protocol:
         protocol_table(a)

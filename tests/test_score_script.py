@@ -177,7 +177,7 @@ def test_dss_table_protocol_selects_on_the_tuning_seed(tmp_path):
     """examples/dss_table.py --select / --protocol (the thesis's rule): the config is chosen by the tuning
     seed's dev F1 alone (k10 wins on seed 1 although k1 has the best dev over all seeds); the reported
     restart is the best on dev among that config's seeds (seed 3: test 70, not the best test 75); the mean
-    +- sample std is over all its restarts; --prefix restricts the choice."""
+    +- sample std is over all its restarts; --prefix restricts the choice; --best names that restart."""
     table = Path(__file__).resolve().parents[1] / "examples" / "dss_table.py"
     runs = {("k1", 1): (80.0, 70.0), ("k1", 2): (90.0, 71.0), ("k10", 1): (81.0, 75.0), ("k10", 2): (79.0, 72.0),
             ("k10", 3): (83.0, 70.0)}
@@ -203,6 +203,9 @@ def test_dss_table_protocol_selects_on_the_tuning_seed(tmp_path):
     assert rows[-2:] == ["| ss | k1 | 80.00 | 70.00 |", "| ss | k10 | 81.00 | 75.00 |"]
     assert out("--protocol", "--markdown", "--tune-seed", "2")[2] == \
         "| ss | k1 | 90.00 | 71.00 | 85.00 +- 7.07 | 70.50 +- 0.71 | 2 |"
+    # --best: the reported run itself (k10's best dev is seed 3's 83; with tuning seed 2, k1's is seed 2's 90)
+    assert out("--best") == ["k10 3"]
+    assert out("--best", "--tune-seed", "2") == ["k1 2"]
 
 
 def _generate_output(hyps, refs):
