@@ -53,20 +53,33 @@ MODEL=(--user-dir fairseq_ext --arch lstm --encoder-layers 1 --decoder-layers 1 
 DEV_BLEU=(--eval-bleu --eval-bleu-args '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}' --eval-bleu-detok space
   --eval-bleu-remove-bpe sentencepiece --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
 
-warm() {  # SEED: the teacher-forced first epoch, shared by every system of the seed
+# claim DIR [wait]: hold DIR's lock (flock on DIR.lock) until this (sub)shell ends, so that two
+# instances of the recipe on one WORK (e.g. one per core) never train the same run at once: the
+# second skips it (or, with "wait", waits for it). A lock dies with its process: nothing stale.
+# Without flock (e.g. macOS) every claim succeeds: run one instance per WORK there.
+claim() {
+  command -v flock > /dev/null || return 0
+  exec {lock_fd}> "$1.lock"
+  if [ "${2:-}" = wait ]; then flock "$lock_fd"; else flock -n "$lock_fd"; fi
+}
+
+warm() (  # SEED: the teacher-forced first epoch, shared by every system of the seed
   local dir="$WORK/warm.s$1"
+  claim "$dir" wait
   # a kept log (scripts/keep_results.py) whose checkpoint went with its machine: train again
   finished "$dir.log" && [ -e "$dir/checkpoint_last.pt" ] && return 0
   rm -f "$dir.log"
   # shellcheck disable=SC2046
   fairseq-train "$BIN" "${MODEL[@]}" $(dss_criterion ce base) --max-epoch 1 --seed "$1" --save-dir "$dir" \
     --disable-validation >> "$dir.log" 2>&1 || { tail "$dir.log" >&2; return 1; }
-}
+)
 
-run() {  # SYSTEM CONFIG SEED
+run() (  # SYSTEM CONFIG SEED
   local dir="$WORK/$1.$2.s$3" split beam
   if [ ! -s "$dir/test.beam5.json" ]; then
     mkdir -p "$dir"
+    if ! claim "$dir"; then echo "$(date +%H:%M:%S) busy (another instance has it): $1 $2 seed $3"; return 0; fi
+    if [ -s "$dir/test.beam5.json" ]; then echo "$(date +%H:%M:%S) done: $1 $2 seed $3"; return 0; fi
     # trained on a machine since lost (its log kept by scripts/keep_results.py, no checkpoint): train again
     if finished "$dir.train.log" && [ ! -e "$dir/checkpoint_best.pt" ]; then rm -f "$dir.train.log"; fi
     if ! finished "$dir.train.log"; then
@@ -90,7 +103,7 @@ run() {  # SYSTEM CONFIG SEED
     rm -f "$dir/checkpoint_last.pt"
   fi
   echo "$(date +%H:%M:%S) done: $1 $2 seed $3"
-}
+)
 
 for seed in $SEEDS; do warm "$seed"; done
 dss_protocol "$WORK" run --metric bleu --suffix .beam1
