@@ -76,10 +76,9 @@ warm() (  # SEED: the teacher-forced first epoch, shared by every system of the 
 
 run() (  # SYSTEM CONFIG SEED
   local dir="$WORK/$1.$2.s$3" split beam
+  mkdir -p "$dir"
+  if ! claim "$dir"; then echo "$(date +%H:%M:%S) busy (another instance has it): $1 $2 seed $3"; return 0; fi
   if [ ! -s "$dir/test.beam5.json" ]; then
-    mkdir -p "$dir"
-    if ! claim "$dir"; then echo "$(date +%H:%M:%S) busy (another instance has it): $1 $2 seed $3"; return 0; fi
-    if [ -s "$dir/test.beam5.json" ]; then echo "$(date +%H:%M:%S) done: $1 $2 seed $3"; return 0; fi
     # trained on a machine since lost (its log kept by scripts/keep_results.py, no checkpoint): train again
     if finished "$dir.train.log" && [ ! -e "$dir/checkpoint_best.pt" ]; then rm -f "$dir.train.log"; fi
     if ! finished "$dir.train.log"; then
@@ -110,23 +109,22 @@ dss_protocol "$WORK" run --metric bleu --suffix .beam1
 
 if [[ " $STAGES " == *" table "* ]]; then
   read -r tune_seed _ <<< "$SEEDS"
+  picks=()  # per system: "SYSTEM CONFIG SEED", its selected config and its best-on-dev restart
+  for sys in $ONLY; do
+    picks+=("$sys $("$PYTHON" examples/dss_table.py "$WORK" --metric bleu --suffix .beam1 --best "$sys" \
+      --tune-seed "$tune_seed")")
+  done
   for beam in 1 5; do
-    specs=()
-    for sys in $ONLY; do
-      cfg=$("$PYTHON" examples/dss_table.py "$WORK" --metric bleu --suffix .beam1 --select "$sys" \
-        --tune-seed "$tune_seed")
+    specs=() best=()
+    for pick in "${picks[@]}"; do
+      read -r sys cfg seed <<< "$pick"
       specs+=("$(seed_spec "$sys" "$WORK/$sys.$cfg.s@SEED@/test.beam$beam.gen")")
+      best+=("$sys=$WORK/$sys.$cfg.s$seed/test.beam$beam.gen")
     done
     echo
     echo "test, beam $beam: every restart of each system's selected config against CE"
     "$PYTHON" scripts/compare_runs.py --control ce "${specs[@]}" --json "$WORK/compare.beam$beam.json" \
       | tee "$WORK/compare.beam$beam.md"
-    best=()
-    for sys in $ONLY; do
-      read -r cfg seed <<< "$("$PYTHON" examples/dss_table.py "$WORK" --metric bleu --suffix .beam1 --best "$sys" \
-        --tune-seed "$tune_seed")"
-      best+=("$sys=$WORK/$sys.$cfg.s$seed/test.beam$beam.gen")
-    done
     echo
     echo "test, beam $beam: each system's best-on-dev restart (the run the thesis reports) against CE's"
     "$PYTHON" scripts/compare_runs.py --control ce "${best[@]}" --json "$WORK/compare_best.beam$beam.json" \

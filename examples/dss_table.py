@@ -186,22 +186,17 @@ def main(argv=None):
     p.add_argument("--tune-seed", type=int, default=1, help="the seed whose dev metric selects the config")
     p.add_argument("--prefix", default="", help="only configs starting with this")
     a = p.parse_args(argv)
-    if a.select:
+    if a.select or a.best:
         if len(a.names) != 1:
-            p.error("--select takes one NAME")
-        cfg = select(protocol_runs(a.work, a.names[0], (a.suffix or [""])[0]), a.metric, a.tune_seed, a.prefix)
-        if cfg is None:
-            sys.exit(f"dss_table.py: no scored {a.names[0]}.CONFIG.s{a.tune_seed} run in {a.work}")
-        print(cfg)
-        return
-    if a.best:
-        if len(a.names) != 1:
-            p.error("--best takes one NAME")
+            p.error(f"--{'select' if a.select else 'best'} takes one NAME")
         runs = protocol_runs(a.work, a.names[0], (a.suffix or [""])[0])
         cfg = select(runs, a.metric, a.tune_seed, a.prefix)
         if cfg is None:
             sys.exit(f"dss_table.py: no scored {a.names[0]}.CONFIG.s{a.tune_seed} run in {a.work}")
-        print(cfg, best_seed({s: metric(f[0], a.metric) for s, f in runs[cfg].items()}))
+        if a.select:
+            print(cfg)
+        else:
+            print(cfg, best_seed({s: metric(f[0], a.metric) for s, f in runs[cfg].items()}))
         return
     if a.protocol:
         protocol_table(a)

@@ -155,13 +155,11 @@ def corrupted_history(model, tgt_dict, batches, positions: Sequence[int] = range
     (right-padded targets, ``prev_output_tokens`` = EOS then the target)."""
     import torch
 
-    value = {tgt_dict.index(f"y{v}"): v for v in range(modulus)}
-    if tgt_dict.unk() in value:
+    index_of = torch.tensor([tgt_dict.index(f"y{v}") for v in range(modulus)])  # value -> dictionary index
+    if bool(index_of.eq(tgt_dict.unk()).any()):
         raise ValueError(f"the target dictionary lacks some of y0 .. y{modulus - 1}: not running sums mod {modulus}")
-    symbol = torch.full((len(tgt_dict),), -1, dtype=torch.long)
-    for idx, v in value.items():
-        symbol[idx] = v
-    index_of = torch.tensor([tgt_dict.index(f"y{v}") for v in range(modulus)])
+    symbol = torch.full((len(tgt_dict),), -1, dtype=torch.long)  # dictionary index -> value (-1: not a y)
+    symbol[index_of] = torch.arange(modulus)
     recovered = followed = n = 0
     with torch.no_grad():
         for sample in batches:
