@@ -41,6 +41,10 @@ STAGES=${STAGES:-tune restarts table}
 ONLY=${ONLY:-$DSS_SYSTEMS}
 PYTHON=${PYTHON:-python}
 export OMP_NUM_THREADS=1 DSS_CE_AS_DSS=1
+# every run resumes its seed's epoch-1 warm-up checkpoint, so the plugin's exact resume (on by
+# default since 2026-11-28) would cut its batches otherwise than the published runs, made without
+# it (docs/dss.md); FAIRSEQ_EXT_EXACT_RESUME=1 in the environment opts in
+export FAIRSEQ_EXT_EXACT_RESUME=${FAIRSEQ_EXT_EXACT_RESUME:-0}
 mkdir -p "$WORK"
 
 [ -d "$WORK/data/bin" ] || bash scripts/prepare_multi30k.sh "$FAIRSEQ_EXT_DATA/multi30k" "$WORK/data" "$VOCAB" \

@@ -25,8 +25,9 @@ Criterion state: ``patch_criterion_state`` saves a criterion's running state (PG
 moving baseline) with every checkpoint and gives it back on resume (see its
 docstring).
 
-Exact resume (opt-in): ``patch_resume_batches`` makes a resumed fairseq-train run cut its
-batches as the uninterrupted run did, so it trains the same model (see its docstring).
+Exact resume (on by default, ``FAIRSEQ_EXT_EXACT_RESUME=0`` turns it off):
+``patch_resume_batches`` makes a resumed fairseq-train run cut its batches as the
+uninterrupted run did, so it trains the same model (see its docstring).
 
 Mixed precision: ``patch_amp_loss_scaler`` makes ``--amp`` unscale the gradient once
 (fairseq 0.12 unscales it twice) and use ``--amp-init-scale`` and ``--amp-scale-window`` as
@@ -218,8 +219,8 @@ EXACT_RESUME_ENV = "FAIRSEQ_EXT_EXACT_RESUME"
 
 
 def patch_resume_batches() -> None:
-    """With ``FAIRSEQ_EXT_EXACT_RESUME=1`` in the environment, a resumed run trains the
-    same model as the uninterrupted one (idempotent; without the variable nothing changes).
+    """A resumed run trains the same model as the uninterrupted one (idempotent; on unless
+    ``FAIRSEQ_EXT_EXACT_RESUME=0`` is in the environment, which keeps fairseq's batches).
 
     fairseq-fixed 0.12.3.1's ``FairseqTask.get_batch_iterator`` cuts the length-sorted
     batches once, from ``ordered_indices()`` under ``numpy_seed(seed + epoch)``, where
@@ -233,12 +234,17 @@ def patch_resume_batches() -> None:
     starts at the requested epoch, so the per-epoch shuffling of the batch order
     (``seed + epoch``) and a mid-epoch resume's position are fairseq's.
 
-    Opt-in because it changes the batches of any run that starts from a checkpoint of a
-    later epoch (a fine-tune with ``--restore-file``, a resumed run) compared with what
-    fairseq does without the plugin. Datasets that rebuild their batches every epoch
+    On by default: a run interrupted and resumed (a preempted job, a session that ended)
+    should be the model its command trains, not another sample of it. It changes, compared
+    with fairseq without the plugin, the batches of any run that starts from a checkpoint
+    of a later epoch without resetting the data loader (a resumed run, ``--restore-file``
+    without ``--reset-dataloader``; ``--finetune-from-model`` resets it and is unaffected);
+    ``FAIRSEQ_EXT_EXACT_RESUME=0`` repeats such a run as plain fairseq cut it
+    (``examples/dss_multi30k.sh`` pins it: its published runs resume a copied warm-up
+    checkpoint of epoch 1 and were made without the patch). Datasets that rebuild their batches every epoch
     (``can_reuse_epoch_itr_across_epochs`` false, a task config with ``rebuild_batches``,
     ``disable_iterator_cache``) are already exact and left alone."""
-    if os.environ.get(EXACT_RESUME_ENV, "0") in ("", "0"):
+    if os.environ.get(EXACT_RESUME_ENV, "1") == "0":
         return
     from fairseq.tasks import FairseqTask
 

@@ -12,14 +12,15 @@
 # fairseq rebuilds its batch iterator on a resume). So training is repeatable from a
 # checkpoint, not across a resume: a run resumed on another machine is another sample of its
 # configuration (issue 22's CMLM), and recipes that keep rows between sessions record their model
-# (examples/lib.sh same_model). FAIRSEQ_EXT_EXACT_RESUME=1 (fairseq_ext/compat.py) makes the resumed run
-# the same model: run this script with it exported and every fingerprint agrees.
+# (examples/lib.sh same_model). The plugin's exact resume (fairseq_ext/compat.py, on by default in
+# fairseq-train, off here unless FAIRSEQ_EXT_EXACT_RESUME=1 is exported) makes the resumed run the
+# same model: run this script with it exported and every fingerprint agrees.
 # usage: scripts/resume_exactness.sh [WORK_DIR]   (about a minute on one core)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W=${1:-$(mktemp -d)}
 PYTHON=${PYTHON:-python}
-export OMP_NUM_THREADS=1
+export OMP_NUM_THREADS=1 FAIRSEQ_EXT_EXACT_RESUME=${FAIRSEQ_EXT_EXACT_RESUME:-0}  # plain fairseq's resume
 mkdir -p "$W"
 BIN=$("$PYTHON" -c "
 import sys

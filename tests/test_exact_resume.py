@@ -1,7 +1,8 @@
-"""FAIRSEQ_EXT_EXACT_RESUME=1 (fairseq_ext.compat.patch_resume_batches): a run stopped after
-epoch 2 and resumed is the same model as the run trained straight through; without it,
-fairseq's resume cuts other batches and the models differ (the control: the test fails if
-the patch does nothing, and says so if fairseq itself becomes exact)."""
+"""fairseq_ext.compat.patch_resume_batches (on by default): a run stopped after epoch 2 and
+resumed is the same model as the run trained straight through; with
+FAIRSEQ_EXT_EXACT_RESUME=0, fairseq's own resume cuts other batches and the models differ
+(the control: the test fails if the patch does nothing, and says so if fairseq itself
+becomes exact)."""
 import os
 
 import torch
@@ -28,7 +29,7 @@ def _max_diff(a, b):
 
 
 def test_a_resumed_run_is_the_uninterrupted_model_only_with_exact_resume(toy_bin, tmp_path):
-    exact = {"FAIRSEQ_EXT_EXACT_RESUME": "1"}
+    exact = {}  # the default
     straight = _train(toy_bin, tmp_path / "straight", exact, 3)
     resumed = _train(toy_bin, tmp_path / "resumed", exact, 2, 3)
     assert _max_diff(straight, resumed) == 0.0
@@ -37,8 +38,9 @@ def test_a_resumed_run_is_the_uninterrupted_model_only_with_exact_resume(toy_bin
     run_cli(["fairseq-train", toy_bin, *ARGS, "--max-update", "8", "--save-interval-updates", "8",
              "--save-dir", str(mid)], env=exact)
     assert _max_diff(straight, _train(toy_bin, mid, exact, 3)) == 0.0
-    # fairseq's own resume (the variable unset) drifts: the control that makes the check above meaningful
-    plain_straight = _train(toy_bin, tmp_path / "plain_straight", {}, 3)
-    plain_resumed = _train(toy_bin, tmp_path / "plain_resumed", {}, 2, 3)
+    # fairseq's own resume (FAIRSEQ_EXT_EXACT_RESUME=0) drifts: the control that makes the check above meaningful
+    plain = {"FAIRSEQ_EXT_EXACT_RESUME": "0"}
+    plain_straight = _train(toy_bin, tmp_path / "plain_straight", plain, 3)
+    plain_resumed = _train(toy_bin, tmp_path / "plain_resumed", plain, 2, 3)
     assert _max_diff(plain_straight, straight) == 0.0  # straight runs do not change with the patch
     assert _max_diff(plain_straight, plain_resumed) > 1e-4, "fairseq resumes exactly now: the patch is not needed"
