@@ -47,8 +47,13 @@ export OMP_NUM_THREADS=1 DSS_CE_AS_DSS=1
 export FAIRSEQ_EXT_EXACT_RESUME=${FAIRSEQ_EXT_EXACT_RESUME:-0}
 mkdir -p "$WORK"
 
-[ -d "$WORK/data/bin" ] || bash scripts/prepare_multi30k.sh "$FAIRSEQ_EXT_DATA/multi30k" "$WORK/data" "$VOCAB" \
-  > "$WORK/prepare.log" 2>&1
+# the table stage alone reads only the runs' scores and test outputs (e.g. a WORK rebuilt from
+# results/dss_mt with scripts/keep_results.py's files): it prepares and trains nothing
+TRAINS=0
+[[ " $STAGES " == *" tune "* || " $STAGES " == *" restarts "* ]] && TRAINS=1
+if [ "$TRAINS" = 1 ] && [ ! -d "$WORK/data/bin" ]; then
+  bash scripts/prepare_multi30k.sh "$FAIRSEQ_EXT_DATA/multi30k" "$WORK/data" "$VOCAB" > "$WORK/prepare.log" 2>&1
+fi
 BIN=$WORK/data/bin
 MODEL=(--user-dir fairseq_ext --arch lstm --encoder-layers 1 --decoder-layers 1 --encoder-bidirectional
   --encoder-embed-dim 256 --encoder-hidden-size 256 --decoder-embed-dim 256 --decoder-hidden-size 256
@@ -108,7 +113,7 @@ run() (  # SYSTEM CONFIG SEED
   echo "$(date +%H:%M:%S) done: $1 $2 seed $3"
 )
 
-for seed in $SEEDS; do warm "$seed"; done
+if [ "$TRAINS" = 1 ]; then for seed in $SEEDS; do warm "$seed"; done; fi
 dss_protocol "$WORK" run --metric bleu --suffix .beam1
 
 if [[ " $STAGES " == *" table "* ]]; then
