@@ -18,7 +18,9 @@ Scores (greedy decoding, ``--beam 1``): token accuracy, whole-sequence accuracy
 and accuracy by target position; beside them the teacher-forced accuracy by
 position (argmax given the gold prefix) and the compounding gap, teacher-forced
 minus greedy accuracy: how much of the greedy loss comes from the model's own
-earlier mistakes.
+earlier mistakes; and on test, recovery from one wrong token in the gold history
+(``prefix_sum.corrupted_history``: the share of next answers that take the sum
+from the source, "recovered", or carry the error forward, "followed").
 
 Resumable: every stage skips what its output file says is done.
 
@@ -122,6 +124,7 @@ def run(work, bin_dir, arch, system, seed, k, splits=("valid", "test"), tag=None
     for split in splits:
         js = os.path.join(d, f"{split}.json")
         if os.path.isfile(js):
+            add_recovery(js, ckpt, bin_dir, split)
             continue
         gen = os.path.join(d, f"{split}.gen")
         sh(["fairseq-generate", bin_dir, "--user-dir", "fairseq_ext", "--path", ckpt, "--gen-subset", split,
@@ -131,8 +134,22 @@ def run(work, bin_dir, arch, system, seed, k, splits=("valid", "test"), tag=None
         scores["teacher_forced_by_position"] = prefix_sum.teacher_forced_by_position(ckpt, bin_dir, split)
         with open(js, "w") as f:
             json.dump(scores, f)
+        add_recovery(js, ckpt, bin_dir, split)
     print(f"done: {arch} {name} seed {seed}", flush=True)
     return d
+
+
+def add_recovery(js, ckpt, bin_dir, split):
+    """Add the test split's recovery from one wrong history token (prefix_sum.corrupted_history) to
+    its scores, once; scores written before it existed get it while their checkpoint is there."""
+    if split != "test" or not os.path.isfile(ckpt):
+        return
+    with open(js) as f:
+        scores = json.load(f)
+    if "corrupted_history" not in scores:
+        scores["corrupted_history"] = prefix_sum.corrupted_history_of_checkpoint(ckpt, bin_dir, split)
+        with open(js, "w") as f:
+            json.dump(scores, f)
 
 
 def run_name(system, passes):
@@ -202,14 +219,16 @@ def table(work, archs, systems, passes=None):
             cells += [mean_std([bucket(s, "by_position", lo, hi) for s in test]) for lo, hi in BUCKETS]
             print("| " + " | ".join(cells + [str(len(test))]) + " |")
         head = ["system"] + [f"teacher-forced pos {lo}-{hi}" for lo, hi in BUCKETS[2:]] + \
-               [f"compounding pos {lo}-{hi}" for lo, hi in BUCKETS[2:]]
+               [f"compounding pos {lo}-{hi}" for lo, hi in BUCKETS[2:]] + ["recovered", "followed"]
         print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         for system in systems:
             test = load(work, arch, run_name(system, passes), "test")
             tf = [mean_std([bucket(s, "teacher_forced_by_position", lo, hi) for s in test]) for lo, hi in BUCKETS[2:]]
             gap = [mean_std([bucket(s, "teacher_forced_by_position", lo, hi) - bucket(s, "by_position", lo, hi)
                              for s in test]) for lo, hi in BUCKETS[2:]]
-            print("| " + " | ".join([label(system, passes)] + tf + gap) + " |")
+            probe = [s["corrupted_history"] for s in test if "corrupted_history" in s]
+            rec = [mean_std([c[key] for c in probe]) for key in ("recovered", "followed")]
+            print("| " + " | ".join([label(system, passes)] + tf + gap + rec) + " |")
 
 
 def main(argv=None):
