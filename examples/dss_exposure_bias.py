@@ -28,8 +28,13 @@ Resumable: every stage skips what its output file says is done.
 approximation instead of the exact sequential pass (runs named SYSTEM_pP, beside
 the exact ones; CE is unaffected): what the approximation does to the result.
 
+``--epochs N --select-every E`` trains N epochs instead of 20 and scores, for every system,
+the checkpoint of epochs E, 2E, ... with the best greedy dev sequence accuracy (the thesis's
+protocol: trained to convergence, selected on dev); the dev curve is kept in each run's
+``select.json``. Use a new WORK_DIR for another budget (k is chosen again there).
+
 usage: python examples/dss_exposure_bias.py WORK_DIR [--archs lstm transformer]
-       [--seeds 1 2 3] [--systems ...] [--k K] [--dss-passes P] [--table]
+       [--seeds 1 2 3] [--systems ...] [--k K] [--dss-passes P] [--epochs N --select-every E] [--table]
 """
 import argparse
 import json
@@ -89,8 +94,8 @@ def env():
     return e
 
 
-def sh(args, log):
-    with open(log, "w") as f:
+def sh(args, log, append=False):
+    with open(log, "a" if append else "w") as f:
         proc = subprocess.run(args, cwd=REPO, env=env(), stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         sys.exit(f"failed ({proc.returncode}), see {log}: {' '.join(args)}")
@@ -104,39 +109,69 @@ def prepare(work):
     return bin_dir
 
 
-def run(work, bin_dir, arch, system, seed, k, splits=("valid", "test"), tag=None, passes=None):
-    """Train, decode and score one system (with ``--dss-passes passes`` if given); returns its run
-    directory."""
+def run(work, bin_dir, arch, system, seed, k, splits=("valid", "test"), tag=None, passes=None,
+        epochs=EPOCHS, select_every=None):
+    """Train, decode and score one system (with ``--dss-passes passes`` if given) for ``epochs``
+    epochs; scored on the last checkpoint, or with ``select_every`` E on the checkpoint of epochs
+    E, 2E, ... with the best greedy dev sequence accuracy. Returns the run directory."""
     name = tag or run_name(system, passes)
     d = os.path.join(work, arch, f"{name}.s{seed}")
     os.makedirs(d, exist_ok=True)
-    ckpt = os.path.join(d, "checkpoint_last.pt")
     done = os.path.join(d, "train.done")
     if not os.path.isfile(done):
         crit = [str(k) if a == "K" else a for a in SYSTEMS[system]]
         if passes is not None and system != "ce":
             crit += ["--dss-passes", str(passes)]
+        saving = ["--no-epoch-checkpoints"] if select_every is None else ["--save-interval", str(select_every)]
+        # an interrupted run resumes from checkpoint_last.pt (optimizer state included) when rerun
         sh(["fairseq-train", bin_dir, "--user-dir", "fairseq_ext", "--task", "translation"] + ARCHS[arch] + crit
-           + OPTIM + BATCH + ["--max-epoch", str(EPOCHS), "--save-dir", d, "--no-epoch-checkpoints",
-                              "--no-save-optimizer-state", "--num-workers", "0", "--seed", str(seed),
-                              "--log-format", "simple", "--log-interval", "20"], os.path.join(d, "train.log"))
+           + OPTIM + BATCH + saving + ["--max-epoch", str(epochs), "--save-dir", d, "--num-workers", "0",
+                                       "--seed", str(seed), "--log-format", "simple", "--log-interval", "20"],
+           os.path.join(d, "train.log"), append=True)
         open(done, "w").close()
+    ckpt = os.path.join(d, "checkpoint_last.pt") if select_every is None else select(d, bin_dir, epochs, select_every)
     for split in splits:
         js = os.path.join(d, f"{split}.json")
         if os.path.isfile(js):
             add_recovery(js, ckpt, bin_dir, split)
             continue
-        gen = os.path.join(d, f"{split}.gen")
-        sh(["fairseq-generate", bin_dir, "--user-dir", "fairseq_ext", "--path", ckpt, "--gen-subset", split,
-            "--beam", "1", "--batch-size", "300", "--required-batch-size-multiple", "1", "--num-workers", "0"], gen)
-        with open(gen) as f:
-            scores = prefix_sum.position_accuracy(*prefix_sum.read_generate_output(f.read()))
+        scores = greedy_scores(ckpt, bin_dir, split, os.path.join(d, f"{split}.gen"))
         scores["teacher_forced_by_position"] = prefix_sum.teacher_forced_by_position(ckpt, bin_dir, split)
+        if select_every is not None:
+            scores["epoch"] = int(os.path.basename(ckpt)[len("checkpoint"):-len(".pt")])
         with open(js, "w") as f:
             json.dump(scores, f)
         add_recovery(js, ckpt, bin_dir, split)
     print(f"done: {arch} {name} seed {seed}", flush=True)
     return d
+
+
+def greedy_scores(ckpt, bin_dir, split, gen):
+    """``prefix_sum.position_accuracy`` of ``fairseq-generate --beam 1`` on ``split``."""
+    sh(["fairseq-generate", bin_dir, "--user-dir", "fairseq_ext", "--path", ckpt, "--gen-subset", split,
+        "--beam", "1", "--batch-size", "300", "--required-batch-size-multiple", "1", "--num-workers", "0"], gen)
+    with open(gen) as f:
+        return prefix_sum.position_accuracy(*prefix_sum.read_generate_output(f.read()))
+
+
+def select(d, bin_dir, epochs, every):
+    """The epoch checkpoint (every ``every`` epochs) with the best greedy dev sequence accuracy,
+    the earliest on ties; the dev curve is kept in ``select.json`` (resumable)."""
+    path = os.path.join(d, "select.json")
+    curve = {}
+    if os.path.isfile(path):
+        with open(path) as f:
+            curve = {int(e): a for e, a in json.load(f)["dev_seq_acc"].items()}
+    for epoch in range(every, epochs + 1, every):
+        if epoch not in curve:
+            ckpt = os.path.join(d, f"checkpoint{epoch}.pt")
+            curve[epoch] = greedy_scores(ckpt, bin_dir, "valid", os.path.join(d, "select.gen"))["seq_acc"]
+            with open(path, "w") as f:
+                json.dump({"dev_seq_acc": curve}, f)
+    best = max(sorted(curve), key=lambda e: curve[e])
+    with open(path, "w") as f:
+        json.dump({"dev_seq_acc": curve, "best_epoch": best}, f)
+    return os.path.join(d, f"checkpoint{best}.pt")
 
 
 def add_recovery(js, ckpt, bin_dir, split):
@@ -171,7 +206,7 @@ def load(work, arch, name, split):
     return out
 
 
-def choose_k(work, bin_dir, arch):
+def choose_k(work, bin_dir, arch, **budget):
     """k with the best dev sequence accuracy of DSS soft-argmax (alpha 1 fixed), seed 1."""
     path = os.path.join(work, arch, "k_choice.json")
     if os.path.isfile(path):
@@ -179,7 +214,7 @@ def choose_k(work, bin_dir, arch):
             return json.load(f)["k"]
     dev = {}
     for k in K_GRID:
-        run(work, bin_dir, arch, "soft_greedy_fixed", 1, k, splits=("valid",), tag=f"k{k}")
+        run(work, bin_dir, arch, "soft_greedy_fixed", 1, k, splits=("valid",), tag=f"k{k}", **budget)
         dev[k] = load(work, arch, f"k{k}", "valid")[0]["seq_acc"]
     best = max(K_GRID, key=lambda k: dev[k])
     with open(path, "w") as f:
@@ -218,6 +253,11 @@ def table(work, archs, systems, passes=None):
                      mean_std([s["seq_acc"] for s in test])]
             cells += [mean_std([bucket(s, "by_position", lo, hi) for s in test]) for lo, hi in BUCKETS]
             print("| " + " | ".join(cells + [str(len(test))]) + " |")
+        epochs = {system: [s["epoch"] for s in load(work, arch, run_name(system, passes), "test") if "epoch" in s]
+                  for system in systems}
+        if any(epochs.values()):
+            print("\nselected epoch (best greedy dev sequence accuracy), by seed: "
+                  + "; ".join(f"{label(system, passes)} {' / '.join(map(str, e))}" for system, e in epochs.items() if e))
         head = ["system"] + [f"teacher-forced pos {lo}-{hi}" for lo, hi in BUCKETS[2:]] + \
                [f"compounding pos {lo}-{hi}" for lo, hi in BUCKETS[2:]] + ["recovered", "followed"]
         print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
@@ -239,15 +279,22 @@ def main(argv=None):
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     p.add_argument("--k", type=float, help="use this k instead of choosing it on dev")
     p.add_argument("--dss-passes", type=int, help="train the scheduled-sampling systems with P passes")
+    p.add_argument("--epochs", type=int, default=EPOCHS, help="training epochs of every run (default %(default)s)")
+    p.add_argument("--select-every", type=int, metavar="E",
+                   help="save every E epochs and score the checkpoint with the best greedy dev sequence accuracy "
+                        "(the thesis's best-on-dev selection) instead of the last one")
     p.add_argument("--table", action="store_true", help="only print the table of what is done")
     a = p.parse_args(argv)
+    if a.epochs < 1 or (a.select_every is not None and not 1 <= a.select_every <= a.epochs):
+        p.error(f"--epochs must be >= 1 and --select-every between 1 and --epochs (got {a.epochs}, {a.select_every})")
     if not a.table:
         bin_dir = prepare(a.work)
+        budget = dict(epochs=a.epochs, select_every=a.select_every)
         for arch in a.archs:
-            k = a.k if a.k is not None else choose_k(a.work, bin_dir, arch)
+            k = a.k if a.k is not None else choose_k(a.work, bin_dir, arch, **budget)
             for seed in a.seeds:
                 for system in a.systems:
-                    run(a.work, bin_dir, arch, system, seed, k, passes=a.dss_passes)
+                    run(a.work, bin_dir, arch, system, seed, k, passes=a.dss_passes, **budget)
     table(a.work, a.archs, a.systems, a.dss_passes)
 
 
