@@ -43,10 +43,15 @@ import statistics
 import subprocess
 import sys
 
+import numpy as np
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from fairseq_ext import prefix_sum, toy  # noqa: E402
+
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+from compare_runs import paired_bootstrap_mean  # noqa: E402
 
 DATA = dict(sizes=(4000, 300, 300), modulus=10, max_step=2, min_len=4, max_len=16, seed=1)
 EPOCHS = 20
@@ -134,6 +139,7 @@ def run(work, bin_dir, arch, system, seed, k, splits=("valid", "test"), tag=None
         js = os.path.join(d, f"{split}.json")
         if os.path.isfile(js):
             add_recovery(js, ckpt, bin_dir, split)
+            add_seq_correct(js, os.path.join(d, f"{split}.gen"))
             continue
         scores = greedy_scores(ckpt, bin_dir, split, os.path.join(d, f"{split}.gen"))
         scores["teacher_forced_by_position"] = prefix_sum.teacher_forced_by_position(ckpt, bin_dir, split)
@@ -150,8 +156,17 @@ def greedy_scores(ckpt, bin_dir, split, gen):
     """``prefix_sum.position_accuracy`` of ``fairseq-generate --beam 1`` on ``split``."""
     sh(["fairseq-generate", bin_dir, "--user-dir", "fairseq_ext", "--path", ckpt, "--gen-subset", split,
         "--beam", "1", "--batch-size", "300", "--required-batch-size-multiple", "1", "--num-workers", "0"], gen)
+    return scores_of_generate(gen)
+
+
+def scores_of_generate(gen):
+    """Position accuracy of a ``fairseq-generate`` output, with every sentence's exact match
+    (``seq_correct``, 0/1 in sentence-id order: for paired tests)."""
     with open(gen) as f:
-        return prefix_sum.position_accuracy(*prefix_sum.read_generate_output(f.read()))
+        hyps, refs = prefix_sum.read_generate_output(f.read())
+    scores = prefix_sum.position_accuracy(hyps, refs)
+    scores["seq_correct"] = [int(list(h) == list(r)) for h, r in zip(hyps, refs)]
+    return scores
 
 
 def select(d, bin_dir, epochs, every):
@@ -185,6 +200,62 @@ def add_recovery(js, ckpt, bin_dir, split):
         scores["corrupted_history"] = prefix_sum.corrupted_history_of_checkpoint(ckpt, bin_dir, split)
         with open(js, "w") as f:
             json.dump(scores, f)
+
+
+def add_seq_correct(js, gen):
+    """Add per-sentence exact matches to scores written before they were kept, once."""
+    with open(js) as f:
+        scores = json.load(f)
+    if "seq_correct" not in scores and os.path.isfile(gen):
+        scores["seq_correct"] = scores_of_generate(gen)["seq_correct"]
+        with open(js, "w") as f:
+            json.dump(scores, f)
+
+
+def significance(work, arch, systems, passes):
+    """Test sequence accuracy against CE, paired by sentence (scripts/compare_runs.py's
+    paired bootstrap of the mean difference): per seed, pooled over seeds (each system's seed i
+    against CE's seed i), and best-on-dev restart against CE's best-on-dev restart."""
+    runs = {}
+    for system in systems:
+        name = run_name(system, passes)
+        seeds = sorted(d for d in os.listdir(os.path.join(work, arch)) if d.startswith(name + ".s"))
+        runs[system] = {}
+        for seed_dir in seeds:
+            paths = [os.path.join(work, arch, seed_dir, f"{split}.json") for split in ("valid", "test")]
+            if all(os.path.isfile(x) for x in paths):
+                dev, test = (json.load(open(x)) for x in paths)
+                if "seq_correct" in test:
+                    runs[system][int(seed_dir.rsplit(".s", 1)[1])] = (dev["seq_acc"], test)
+    if "ce" not in runs or not runs["ce"]:
+        return
+    ce = runs["ce"]
+    ce_best = max(ce, key=lambda s: ce[s][0])
+    print(f"\ntest sequence accuracy against CE, paired by sentence (bootstrap p, 10,000 resamples); "
+          f"best-on-dev restart against CE's (seed {ce_best}, {100 * ce[ce_best][1]['seq_acc']:.1f}):\n")
+    print("| system | by seed | minus CE by seed (p) | pooled minus CE (p) | best-on-dev (seed) | minus CE's best (p) |\n"
+          + "|" + "---|" * 6)
+    for system in systems:
+        mine = runs.get(system, {})
+        common = sorted(set(mine) & set(ce))
+        if not common:
+            continue
+        diffs, pooled_s, pooled_c = [], [], []
+        for seed in common:
+            a, b = np.array(mine[seed][1]["seq_correct"], float), np.array(ce[seed][1]["seq_correct"], float)
+            p = paired_bootstrap_mean(a, b, 10000, seed) if system != "ce" else 1.0
+            diffs.append(f"{100 * (a.mean() - b.mean()):+.1f} ({p:.3f})")
+            pooled_s.append(a)
+            pooled_c.append(b)
+        a, b = np.concatenate(pooled_s), np.concatenate(pooled_c)
+        p = paired_bootstrap_mean(a, b, 10000, 0) if system != "ce" else 1.0
+        best = max(mine, key=lambda s: mine[s][0])
+        x, y = np.array(mine[best][1]["seq_correct"], float), np.array(ce[ce_best][1]["seq_correct"], float)
+        pb = paired_bootstrap_mean(x, y, 10000, 0) if system != "ce" else 1.0
+        print("| " + " | ".join([
+            label(system, passes), " / ".join(f"{100 * mine[s][1]['seq_acc']:.1f}" for s in common),
+            " / ".join(diffs), f"{100 * (a.mean() - b.mean()):+.2f} ({p:.3f})",
+            f"{100 * x.mean():.1f} ({best})", f"{100 * (x.mean() - y.mean()):+.1f} ({pb:.3f})"]) + " |")
 
 
 def run_name(system, passes):
@@ -269,6 +340,7 @@ def table(work, archs, systems, passes=None):
             probe = [s["corrupted_history"] for s in test if "corrupted_history" in s]
             rec = [mean_std([c[key] for c in probe]) for key in ("recovered", "followed")]
             print("| " + " | ".join([label(system, passes)] + tf + gap + rec) + " |")
+        significance(work, arch, systems, passes)
 
 
 def main(argv=None):
