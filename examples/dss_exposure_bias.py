@@ -39,6 +39,7 @@ usage: python examples/dss_exposure_bias.py WORK_DIR [--archs lstm transformer]
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -107,10 +108,18 @@ def sh(args, log, append=False):
 
 
 def prepare(work):
+    """Generate and binarize the data once; processes started side by side on one WORK_DIR each
+    build it in a directory of their own and the first rename wins."""
     bin_dir = os.path.join(work, "bin")
     if not os.path.isfile(os.path.join(bin_dir, "test.src-tgt.tgt.idx")):
-        raw = prefix_sum.write_prefix_sum_data(os.path.join(work, "raw"), **DATA)
-        toy.binarize_translation(raw, bin_dir)
+        tmp = os.path.join(work, f".prepare.{os.getpid()}")
+        raw = prefix_sum.write_prefix_sum_data(os.path.join(tmp, "raw"), **DATA)
+        toy.binarize_translation(raw, os.path.join(tmp, "bin"))
+        try:
+            os.rename(os.path.join(tmp, "bin"), bin_dir)
+        except OSError:  # another process renamed its copy first (same seed, same data)
+            pass
+        shutil.rmtree(tmp, ignore_errors=True)
     return bin_dir
 
 
