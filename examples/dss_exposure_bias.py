@@ -28,7 +28,8 @@ Resumable: every stage skips what its output file says is done.
 approximation instead of the exact sequential pass (runs named SYSTEM_pP, beside
 the exact ones; CE is unaffected): what the approximation does to the result.
 
-``--epochs N --select-every E`` trains N epochs instead of 20 and scores, for every system,
+``--lr-decay`` lets the learning rate fall linearly to 0 over the run (fairseq's
+``polynomial_decay``, power 1) instead of keeping it constant. ``--epochs N --select-every E`` trains N epochs instead of 20 and scores, for every system,
 the checkpoint of epochs E, 2E, ... with the best greedy dev sequence accuracy (the thesis's
 protocol: trained to convergence, selected on dev); the dev curve is kept in each run's
 ``select.json``. Use a new WORK_DIR for another budget (k is chosen again there).
@@ -58,6 +59,7 @@ DATA = dict(sizes=(4000, 300, 300), modulus=10, max_step=2, min_len=4, max_len=1
 EPOCHS = 20
 BATCH = ["--batch-size", "64"]
 OPTIM = ["--optimizer", "adam", "--lr", "0.005", "--clip-norm", "1"]
+UPDATES_PER_EPOCH = -(-DATA["sizes"][0] // int(BATCH[1]))  # batches of 64 pairs: 63
 ALPHA_GROWTH = 1.25
 K_GRID = (1, 3, 10)
 ARCHS = {
@@ -124,10 +126,11 @@ def prepare(work):
 
 
 def run(work, bin_dir, arch, system, seed, k, splits=("valid", "test"), tag=None, passes=None,
-        epochs=EPOCHS, select_every=None):
+        epochs=EPOCHS, select_every=None, lr_decay=False):
     """Train, decode and score one system (with ``--dss-passes passes`` if given) for ``epochs``
     epochs; scored on the last checkpoint, or with ``select_every`` E on the checkpoint of epochs
-    E, 2E, ... with the best greedy dev sequence accuracy. Returns the run directory."""
+    E, 2E, ... with the best greedy dev sequence accuracy; ``lr_decay``: the learning rate falls
+    linearly to 0 over the run. Returns the run directory."""
     name = tag or run_name(system, passes)
     d = os.path.join(work, arch, f"{name}.s{seed}")
     os.makedirs(d, exist_ok=True)
@@ -137,6 +140,9 @@ def run(work, bin_dir, arch, system, seed, k, splits=("valid", "test"), tag=None
         if passes is not None and system != "ce":
             crit += ["--dss-passes", str(passes)]
         saving = ["--no-epoch-checkpoints"] if select_every is None else ["--save-interval", str(select_every)]
+        if lr_decay:
+            saving += ["--lr-scheduler", "polynomial_decay", "--power", "1", "--end-learning-rate", "0",
+                       "--total-num-update", str(epochs * UPDATES_PER_EPOCH)]
         # an interrupted run resumes from checkpoint_last.pt (optimizer state included) when rerun
         sh(["fairseq-train", bin_dir, "--user-dir", "fairseq_ext", "--task", "translation"] + ARCHS[arch] + crit
            + OPTIM + BATCH + saving + ["--max-epoch", str(epochs), "--save-dir", d, "--num-workers", "0",
@@ -364,13 +370,15 @@ def main(argv=None):
     p.add_argument("--select-every", type=int, metavar="E",
                    help="save every E epochs and score the checkpoint with the best greedy dev sequence accuracy "
                         "(the thesis's best-on-dev selection) instead of the last one")
+    p.add_argument("--lr-decay", action="store_true",
+                   help="learning rate falls linearly from 0.005 to 0 over the run (default: constant)")
     p.add_argument("--table", action="store_true", help="only print the table of what is done")
     a = p.parse_args(argv)
     if a.epochs < 1 or (a.select_every is not None and not 1 <= a.select_every <= a.epochs):
         p.error(f"--epochs must be >= 1 and --select-every between 1 and --epochs (got {a.epochs}, {a.select_every})")
     if not a.table:
         bin_dir = prepare(a.work)
-        budget = dict(epochs=a.epochs, select_every=a.select_every)
+        budget = dict(epochs=a.epochs, select_every=a.select_every, lr_decay=a.lr_decay)
         for arch in a.archs:
             k = a.k if a.k is not None else choose_k(a.work, bin_dir, arch, **budget)
             for seed in a.seeds:
