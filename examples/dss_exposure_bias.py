@@ -29,13 +29,13 @@ approximation instead of the exact sequential pass (runs named SYSTEM_pP, beside
 the exact ones; CE is unaffected): what the approximation does to the result.
 
 ``--lr-decay`` lets the learning rate fall linearly to 0 over the run (fairseq's
-``polynomial_decay``, power 1) instead of keeping it constant. ``--epochs N --select-every E`` trains N epochs instead of 20 and scores, for every system,
-the checkpoint of epochs E, 2E, ... with the best greedy dev sequence accuracy (the thesis's
+``polynomial_decay``, power 1) instead of keeping it constant. ``--epochs N
+--select-every E`` trains N epochs instead of 20 and scores, for every system, the checkpoint of epochs E, 2E, ... with the best greedy dev sequence accuracy (the thesis's
 protocol: trained to convergence, selected on dev); the dev curve is kept in each run's
 ``select.json``. Use a new WORK_DIR for another budget (k is chosen again there).
 
 usage: python examples/dss_exposure_bias.py WORK_DIR [--archs lstm transformer]
-       [--seeds 1 2 3] [--systems ...] [--k K] [--dss-passes P] [--epochs N --select-every E] [--table]
+       [--seeds 1 2 3] [--systems ...] [--k K] [--dss-passes P] [--epochs N --select-every E] [--lr-decay] [--table]
 """
 import argparse
 import json
@@ -149,7 +149,11 @@ def run(work, bin_dir, arch, system, seed, k, splits=("valid", "test"), tag=None
                                        "--seed", str(seed), "--log-format", "simple", "--log-interval", "20"],
            os.path.join(d, "train.log"), append=True)
         open(done, "w").close()
-    ckpt = os.path.join(d, "checkpoint_last.pt") if select_every is None else select(d, bin_dir, epochs, select_every)
+    if select_every is None:
+        ckpt, epoch = os.path.join(d, "checkpoint_last.pt"), None
+    else:
+        epoch = select(d, bin_dir, epochs, select_every)
+        ckpt = os.path.join(d, f"checkpoint{epoch}.pt")
     for split in splits:
         js = os.path.join(d, f"{split}.json")
         if os.path.isfile(js):
@@ -158,8 +162,8 @@ def run(work, bin_dir, arch, system, seed, k, splits=("valid", "test"), tag=None
             continue
         scores = greedy_scores(ckpt, bin_dir, split, os.path.join(d, f"{split}.gen"))
         scores["teacher_forced_by_position"] = prefix_sum.teacher_forced_by_position(ckpt, bin_dir, split)
-        if select_every is not None:
-            scores["epoch"] = int(os.path.basename(ckpt)[len("checkpoint"):-len(".pt")])
+        if epoch is not None:
+            scores["epoch"] = epoch
         with open(js, "w") as f:
             json.dump(scores, f)
         add_recovery(js, ckpt, bin_dir, split)
@@ -175,18 +179,13 @@ def greedy_scores(ckpt, bin_dir, split, gen):
 
 
 def scores_of_generate(gen):
-    """Position accuracy of a ``fairseq-generate`` output, with every sentence's exact match
-    (``seq_correct``, 0/1 in sentence-id order: for paired tests)."""
     with open(gen) as f:
-        hyps, refs = prefix_sum.read_generate_output(f.read())
-    scores = prefix_sum.position_accuracy(hyps, refs)
-    scores["seq_correct"] = [int(list(h) == list(r)) for h, r in zip(hyps, refs)]
-    return scores
+        return prefix_sum.position_accuracy(*prefix_sum.read_generate_output(f.read()))
 
 
 def select(d, bin_dir, epochs, every):
-    """The epoch checkpoint (every ``every`` epochs) with the best greedy dev sequence accuracy,
-    the earliest on ties; the dev curve is kept in ``select.json`` (resumable)."""
+    """The epoch (of the checkpoints every ``every`` epochs) with the best greedy dev sequence
+    accuracy, the earliest on ties; the dev curve is kept in ``select.json`` (resumable)."""
     path = os.path.join(d, "select.json")
     curve = {}
     if os.path.isfile(path):
@@ -201,7 +200,7 @@ def select(d, bin_dir, epochs, every):
     best = max(sorted(curve), key=lambda e: curve[e])
     with open(path, "w") as f:
         json.dump({"dev_seq_acc": curve, "best_epoch": best}, f)
-    return os.path.join(d, f"checkpoint{best}.pt")
+    return best
 
 
 def add_recovery(js, ckpt, bin_dir, split):
@@ -234,14 +233,9 @@ def significance(work, arch, systems, passes):
     runs = {}
     for system in systems:
         name = run_name(system, passes)
-        seeds = sorted(d for d in os.listdir(os.path.join(work, arch)) if d.startswith(name + ".s"))
-        runs[system] = {}
-        for seed_dir in seeds:
-            paths = [os.path.join(work, arch, seed_dir, f"{split}.json") for split in ("valid", "test")]
-            if all(os.path.isfile(x) for x in paths):
-                dev, test = (json.load(open(x)) for x in paths)
-                if "seq_correct" in test:
-                    runs[system][int(seed_dir.rsplit(".s", 1)[1])] = (dev["seq_acc"], test)
+        dev, test = load_by_seed(work, arch, name, "valid"), load_by_seed(work, arch, name, "test")
+        runs[system] = {seed: (dev[seed]["seq_acc"], test[seed]) for seed in test
+                        if seed in dev and "seq_correct" in test[seed]}
     if "ce" not in runs or not runs["ce"]:
         return
     ce = runs["ce"]
@@ -281,15 +275,22 @@ def label(system, passes):
     return LABELS[system] + ("" if passes is None or system == "ce" else f", {passes} passes")
 
 
-def load(work, arch, name, split):
-    out = []
-    for seed_dir in sorted(os.listdir(os.path.join(work, arch))) if os.path.isdir(os.path.join(work, arch)) else []:
+def load_by_seed(work, arch, name, split):
+    """{seed: scores of ``split``} of the runs of ``name`` that have them."""
+    out = {}
+    for seed_dir in os.listdir(os.path.join(work, arch)) if os.path.isdir(os.path.join(work, arch)) else []:
         if seed_dir.startswith(name + ".s"):
             js = os.path.join(work, arch, seed_dir, f"{split}.json")
             if os.path.isfile(js):
                 with open(js) as f:
-                    out.append(json.load(f))
+                    out[int(seed_dir[len(name) + 2:])] = json.load(f)
     return out
+
+
+def load(work, arch, name, split):
+    """The scores of ``split`` of the runs of ``name``, by seed."""
+    by_seed = load_by_seed(work, arch, name, split)
+    return [by_seed[seed] for seed in sorted(by_seed)]
 
 
 def choose_k(work, bin_dir, arch, **budget):

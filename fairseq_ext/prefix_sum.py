@@ -88,23 +88,27 @@ def position_accuracy(hyps: Sequence[Sequence[str]], refs: Sequence[Sequence[str
     ``token_acc``: the fraction of reference tokens y_t with hyp_t == y_t (a
     hypothesis shorter than its reference is wrong at the missing positions);
     ``seq_acc``: the fraction of hypotheses equal to their reference;
+    ``seq_correct``: 1 or 0 per hypothesis, equal to its reference or not (in
+    input order, for paired tests);
     ``by_position``: {t (1-based): accuracy at target position t over the
     references at least t long}; all in [0, 1]."""
     if len(hyps) != len(refs) or not refs:
         raise ValueError(f"need as many hypotheses as references (> 0), got {len(hyps)} and {len(refs)}")
-    right, total, seq = 0, 0, 0
+    right, total = 0, 0
+    seq_correct = []
     pos_right: Dict[int, int] = {}
     pos_total: Dict[int, int] = {}
     for h, r in zip(hyps, refs):
-        seq += list(h) == list(r)
+        seq_correct.append(int(list(h) == list(r)))
         for t, y in enumerate(r, start=1):
             ok = t <= len(h) and h[t - 1] == y
             right += ok
             total += 1
             pos_right[t] = pos_right.get(t, 0) + ok
             pos_total[t] = pos_total.get(t, 0) + 1
-    return {"token_acc": right / total, "seq_acc": seq / len(refs), "n": len(refs),
-            "by_position": {t: pos_right[t] / pos_total[t] for t in sorted(pos_total)}}
+    return {"token_acc": right / total, "seq_acc": sum(seq_correct) / len(refs), "n": len(refs),
+            "by_position": {t: pos_right[t] / pos_total[t] for t in sorted(pos_total)},
+            "seq_correct": seq_correct}
 
 
 def _checkpoint_batches(checkpoint: str, data_dir: str, split: str, size: int = 100):

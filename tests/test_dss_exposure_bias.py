@@ -40,7 +40,9 @@ def test_position_accuracy_hand_values():
     assert s["token_acc"] == pytest.approx(4 / 6)
     assert s["seq_acc"] == 0.0
     assert s["by_position"] == pytest.approx({1: 1.0, 2: 0.0, 3: 1.0})
+    assert s["seq_correct"] == [0, 0, 0]
     assert prefix_sum.position_accuracy([["y1"]], [["y1"]])["seq_acc"] == 1.0
+    assert prefix_sum.position_accuracy([["y1"], ["y2"]], [["y1"], ["y3"]])["seq_correct"] == [1, 0]
     with pytest.raises(ValueError):
         prefix_sum.position_accuracy([["y1"]], [["y1"], ["y2"]])
 
