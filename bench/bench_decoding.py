@@ -66,7 +66,7 @@ from fairseq import search, utils  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from fairseq_ext import toy  # noqa: E402
-from fairseq_ext.generators.candidates import Candidates, DecodeConfig, decode_candidates  # noqa: E402
+from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates  # noqa: E402
 from fairseq_ext.tasks.text_completion import prefix_sample  # noqa: E402
 
 import timing  # noqa: E402  (bench/timing.py)

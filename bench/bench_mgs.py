@@ -81,7 +81,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEn
 from fairseq_ext import toy  # noqa: E402
 from fairseq_ext.core.mgs import ParameterSearch, clip_grad_  # noqa: E402
 from fairseq_ext.criterions.mgs import MGSCriterion  # noqa: E402
-from fairseq_ext.generators.candidates import DecodeConfig, decode_candidates  # noqa: E402
+from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates  # noqa: E402
 
 import timing  # noqa: E402  (bench/timing.py)
 

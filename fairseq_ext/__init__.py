@@ -29,7 +29,7 @@ patch_amp_loss_scaler()
 stop_batch_threads_at_exit()
 cli.install()
 
-from fairseq_ext import losses  # noqa: E402,F401  (registers the ``lm`` task loss)
+from fairseq_ext.decoding import sequence_cost  # noqa: E402,F401  (registers the ``lm`` task loss)
 from fairseq_ext import criterions  # noqa: E402,F401
 from fairseq_ext import models  # noqa: E402,F401
 from fairseq_ext import tasks  # noqa: E402,F401

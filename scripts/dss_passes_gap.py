@@ -37,7 +37,7 @@ from fairseq import checkpoint_utils  # noqa: E402
 
 import fairseq_ext  # noqa: E402,F401  (registers the plugin)
 from fairseq_ext.core.token_losses import label_smoothed_nll  # noqa: E402
-from fairseq_ext.generators.soft_inputs import run_scheduled_sampling  # noqa: E402
+from fairseq_ext.decoding.soft_inputs import run_scheduled_sampling  # noqa: E402
 
 
 def pass_result(model, sample, fed, mode, alpha, passes):

@@ -15,7 +15,7 @@ import torch
 from fairseq import checkpoint_utils
 
 from fairseq_ext.core.risk import distinct_mask, mrt_distribution
-from fairseq_ext.generators.candidates import DecodeConfig, decode_candidates
+from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
 
 
 def main() -> None:

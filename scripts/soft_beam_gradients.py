@@ -30,7 +30,7 @@ from fairseq import checkpoint_utils  # noqa: E402
 
 import fairseq_ext  # noqa: E402,F401  (registers the criteria)
 from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss, SoftBeamHinge  # noqa: E402
-from fairseq_ext.generators.soft_beam import DROPOUT_MODES  # noqa: E402
+from fairseq_ext.decoding.soft_beam import DROPOUT_MODES  # noqa: E402
 
 
 def flat_grad(model, loss) -> torch.Tensor:

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_ext import toy
-from fairseq_ext.generators import candidates
-from fairseq_ext.generators.candidates import DecodeConfig, decode_candidates
-from fairseq_ext.sequence_level import BatchScorer
+from fairseq_ext.decoding import candidates
+from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
+from fairseq_ext.decoding.scoring import BatchScorer
 
 
 def _build(toy_bin, criterion_args, seed=1, dropout="0.1"):

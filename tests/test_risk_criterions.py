@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fairseq_ext import toy
-from fairseq_ext.generators.candidates import Candidates, DecodeConfig
+from fairseq_ext.decoding.candidates import Candidates, DecodeConfig
 
 
 def _crit(toy_bin, extra):

@@ -22,8 +22,8 @@ from fairseq_ext.core.soft_beam import (
     soft_max_score,
 )
 from fairseq_ext.core.schedules import interpolated
-from fairseq_ext.generators.soft_beam import BeamGenerator, local_scores, run_beam
-from fairseq_ext.generators.soft_inputs import SoftReorder
+from fairseq_ext.decoding.soft_beam import BeamGenerator, local_scores, run_beam
+from fairseq_ext.decoding.soft_inputs import SoftReorder
 
 # ----------------------------------------------------------------- core
 
@@ -808,7 +808,7 @@ def test_search_arithmetic_stays_float32_under_autocast(criterion_name, translat
 
     from fairseq_ext.core import soft_beam as core
     from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss, SoftBeamHinge
-    from fairseq_ext.generators import soft_beam as generator
+    from fairseq_ext.decoding import soft_beam as generator
 
     steps = []
     for name in ("soft_beam_step", "hard_beam_step"):

@@ -12,7 +12,7 @@ from fairseq import checkpoint_utils, options, tasks, utils
 
 from conftest import REPO, run_cli
 from fairseq_ext.core import tagging_metrics
-from fairseq_ext.generators.candidates import DecodeConfig, decode_candidates
+from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
 
 SCORER = os.path.join(REPO, "scripts", "score_tagging.py")
 

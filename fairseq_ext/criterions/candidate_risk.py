@@ -19,8 +19,8 @@ from torch import Tensor
 from fairseq_ext.cli import ConfigError
 from fairseq_ext.criterions.clock import check_model_at_start
 from fairseq_ext.data_parallel import forward_in_wrapper
-from fairseq_ext.generators.candidates import DecodeConfig, sequence_log_probs
-from fairseq_ext.sequence_level import BatchScorer, check_candidate_model, log_sentence_means, reference_nll
+from fairseq_ext.decoding.candidates import DecodeConfig, sequence_log_probs
+from fairseq_ext.decoding.scoring import BatchScorer, check_candidate_model, log_sentence_means, reference_nll
 
 
 class CandidateRiskCriterion(FairseqCriterion):

@@ -34,9 +34,9 @@ from fairseq_ext.core.mgs import clip_grad_, mgs_weights, mix_seed, weight_stats
 from fairseq_ext.core.task_losses import pooled_mean
 from fairseq_ext.criterions.clock import TrainingClock, check_model_at_start
 from fairseq_ext.data_parallel import unwrap
-from fairseq_ext.generators.candidates import DecodeConfig
-from fairseq_ext.losses import POST_PROCESS_HELP
-from fairseq_ext.sequence_level import BatchScorer, check_candidate_model
+from fairseq_ext.decoding.candidates import DecodeConfig
+from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
+from fairseq_ext.decoding.scoring import BatchScorer, check_candidate_model
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.risk import distinct_mask, mrt_distribution, mrt_risk, normalize_costs, scale_gradient
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
-from fairseq_ext.generators.candidates import DecodeConfig
-from fairseq_ext.losses import POST_PROCESS_HELP
-from fairseq_ext.sequence_level import BatchScorer
+from fairseq_ext.decoding.candidates import DecodeConfig
+from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
+from fairseq_ext.decoding.scoring import BatchScorer
 
 
 @dataclass

@@ -20,9 +20,9 @@ from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.risk import MovingAverageBaseline, leave_one_out_baseline, reinforce_loss
 from fairseq_ext.core.task_losses import pooled_mean
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
-from fairseq_ext.generators.candidates import DecodeConfig
-from fairseq_ext.losses import POST_PROCESS_HELP
-from fairseq_ext.sequence_level import BatchScorer
+from fairseq_ext.decoding.candidates import DecodeConfig
+from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
+from fairseq_ext.decoding.scoring import BatchScorer
 
 
 @dataclass

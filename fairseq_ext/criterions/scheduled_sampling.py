@@ -34,7 +34,7 @@ from fairseq_ext.core.schedules import EPS_SCHEDULES, check_eps_schedule, expone
 from fairseq_ext.core.token_losses import label_smoothed_nll
 from fairseq_ext.criterions.clock import TrainingClock, check_model_at_start
 from fairseq_ext.data_parallel import forward_in_wrapper
-from fairseq_ext.generators.soft_inputs import check_step_decodable, make_noise_fn, run_scheduled_sampling
+from fairseq_ext.decoding.soft_inputs import check_step_decodable, make_noise_fn, run_scheduled_sampling
 
 
 @dataclass

@@ -2,7 +2,7 @@
 training through a continuous relaxation of beam search (Goyal thesis, chapter 4;
 chapter 5 for ``--normalization global``).
 
-Each step runs the relaxed beam (``fairseq_ext.generators.soft_beam.run_beam``,
+Each step runs the relaxed beam (``fairseq_ext.decoding.soft_beam.run_beam``,
 Algorithm 3) over every sentence with a decomposable Hamming cost:
 
 - tagging (a task with ``forced_output_length``): for the gold length, d_t(w) =
@@ -49,14 +49,14 @@ from fairseq_ext.core.soft_beam import (
 from fairseq_ext.core.task_losses import parse_label_weights
 from fairseq_ext.criterions.clock import TrainingClock, check_model_at_start
 from fairseq_ext.data_parallel import forward_in_wrapper
-from fairseq_ext.generators.soft_beam import (
+from fairseq_ext.decoding.soft_beam import (
     DROPOUT_MODES,
     NORMALIZATIONS,
     local_scores,
     remember_normalization,
     run_beam,
 )
-from fairseq_ext.generators.soft_inputs import check_step_decodable
+from fairseq_ext.decoding.soft_inputs import check_step_decodable
 
 
 @dataclass

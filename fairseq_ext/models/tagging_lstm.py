@@ -14,7 +14,7 @@ thesis (sections 3.3.3, 4.5, 5.4.2).
   ``<eos>`` (see ``fairseq_ext/core/tagging.py``), whatever the search.
 
 It is a ``FairseqIncrementalDecoder``: fairseq's ``SequenceGenerator`` (greedy,
-beam, sampling) and ``fairseq_ext.generators.candidates.decode_candidates`` run on
+beam, sampling) and ``fairseq_ext.decoding.candidates.decode_candidates`` run on
 it. The incremental state is ``{"hidden": (N, H), "cell": (N, H)}``, N = batch x
 beam rows, reordered with ``index_select(0, new_order)``. Relaxed decoders drive
 the recurrence directly with ``decoder.step`` on mixed label embeddings and

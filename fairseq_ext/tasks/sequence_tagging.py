@@ -49,8 +49,8 @@ from omegaconf import II
 
 from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.tagging_metrics import conlleval_counts, precision_recall_f1
-from fairseq_ext.generators.candidates import DecodeConfig, decode_candidates
-from fairseq_ext.generators.soft_beam import BeamSearchConfig, build_beam_generator
+from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
+from fairseq_ext.decoding.soft_beam import BeamSearchConfig, build_beam_generator
 from fairseq_ext.tasks.batching import TaskBatching
 
 logger = logging.getLogger(__name__)

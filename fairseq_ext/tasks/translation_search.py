@@ -25,7 +25,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from fairseq_ext.generators.soft_beam import BeamSearchConfig, build_beam_generator
+from fairseq_ext.decoding.soft_beam import BeamSearchConfig, build_beam_generator
 from fairseq_ext.tasks.batching import TaskBatching
 
 
@@ -42,7 +42,7 @@ class TranslationSearchConfig(TranslationConfig, BeamSearchConfig):
 
 @register_task("translation_search", dataclass=TranslationSearchConfig)
 class TranslationSearchTask(TaskBatching, TranslationTask):
-    """``translation`` with the hard / soft beam of ``generators/soft_beam.py`` as
+    """``translation`` with the hard / soft beam of ``decoding/soft_beam.py`` as
     fairseq-generate's search (``--translation-search``)."""
 
     cfg: TranslationSearchConfig

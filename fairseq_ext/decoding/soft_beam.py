@@ -50,7 +50,7 @@ from torch import Tensor
 
 from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.soft_beam import hard_beam_step, soft_beam_step
-from fairseq_ext.generators.soft_inputs import (
+from fairseq_ext.decoding.soft_inputs import (
     EmbeddingOverride,
     SoftReorder,
     check_plain_output_layer,

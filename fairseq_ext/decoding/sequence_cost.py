@@ -26,7 +26,7 @@ from torch import Tensor
 from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.task_losses import SUBWORD_MARKS, TaskLoss, build_task_loss, detect_subword_scheme
 from fairseq_ext.core.task_losses import register_task_loss
-from fairseq_ext.generators.candidates import sequence_log_probs
+from fairseq_ext.decoding.candidates import sequence_log_probs
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Decode-and-score for sequence-level criterions (MGS, MRT, PG) and validation.
 
 ``BatchScorer`` turns a fairseq batch into per-sequence task losses of decoded
-candidates: it decodes with ``generators.candidates`` (translation: from the
+candidates: it decodes with ``decoding.candidates`` (translation: from the
 source; ``text_completion``: continuing the prefix) and scores with a weighted sum
 of registered task losses (``--*-task-loss "edit"`` or ``"edit=1,rep=0.5"``)
 against the references (and the sources / prefixes for the ``lm`` cost).
@@ -16,8 +16,8 @@ from torch import Tensor
 from fairseq_ext.cli import ConfigError
 from fairseq_ext.core.task_losses import TASK_LOSSES, task_loss_names
 from fairseq_ext.data_parallel import unwrap
-from fairseq_ext.generators.candidates import Candidates, DecodeConfig, decode_candidates, sequence_log_probs
-from fairseq_ext.losses import LMScorerCost, SequenceCost, resolve_post_process
+from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates, sequence_log_probs
+from fairseq_ext.decoding.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process
 from fairseq_ext.tasks.text_completion import TextCompletionTask, prefix_sample
 
 
@@ -57,7 +57,7 @@ class BatchScorer:
     spec: weighted costs (see ``parse_cost_spec``).
     post_process: BPE removal for text costs: ``auto`` (read off the target
         dictionary), ``none`` or a fairseq ``--post-process`` value; see
-        ``losses.resolve_post_process``.
+        ``sequence_cost.resolve_post_process``.
     score_model: checkpoint path for the ``lm`` cost; None: a frozen copy of the
         model the first time it is used (MGS paper: the LM task loss under the
         model as it was when fine-tuning started).

@@ -1,0 +1,1 @@
+"""Training-time decoding shared by the criteria (through fairseq models)."""
