@@ -6,11 +6,11 @@ to ``checkpoint_last.pt`` atomic, its start-up check of ``--save-dir`` safe for
 concurrent runs, carries criterion state through checkpoints, fixes ``--amp``'s loss
 scaling (one unscale; ``--amp-init-scale`` / ``--amp-scale-window`` honoured) and
 lets fairseq's batch threads finish before the process exits (see
-``fairseq_ext.compat``), and makes a bad plugin option end a command with one line
-and ``--help`` list the chosen components' options (see ``fairseq_ext.cli``).
+``fairseq_ext.runtime.compat``), and makes a bad plugin option end a command with one line
+and ``--help`` list the chosen components' options (see ``fairseq_ext.runtime.cli``).
 """
-from fairseq_ext import cli
-from fairseq_ext.compat import (
+from fairseq_ext.runtime import cli
+from fairseq_ext.runtime.compat import (
     patch_amp_loss_scaler,
     patch_checkpoint_copies,
     patch_checkpoint_directory_check,

@@ -8,7 +8,7 @@ A NAME is a criterion, task, model or architecture name. The options are the one
 fairseq adds to its parser when the component is chosen (``--criterion mgs``),
 grouped by the config class that declares them, fairseq's inherited ones included.
 ``fairseq-train --user-dir fairseq_ext --criterion mgs --help`` lists the same
-for the chosen components (``fairseq_ext.cli``).
+for the chosen components (``fairseq_ext.runtime.cli``).
 """
 import argparse
 import functools

@@ -12,7 +12,7 @@
 # fairseq rebuilds its batch iterator on a resume). So training is repeatable from a
 # checkpoint, not across a resume: a run resumed on another machine is another sample of its
 # configuration (issue 22's CMLM), and recipes that keep rows between sessions record their model
-# (examples/lib.sh same_model). The plugin's exact resume (fairseq_ext/compat.py, on by default in
+# (examples/lib.sh same_model). The plugin's exact resume (fairseq_ext/runtime/compat.py, on by default in
 # fairseq-train, off here unless FAIRSEQ_EXT_EXACT_RESUME=1 is exported) makes the resumed run the
 # same model: run this script with it exported and every fingerprint agrees.
 # usage: scripts/resume_exactness.sh [WORK_DIR]   (about a minute on one core)

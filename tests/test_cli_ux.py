@@ -1,4 +1,4 @@
-"""What a person sees at the command line (fairseq_ext/cli.py, fairseq_ext/options.py):
+"""What a person sees at the command line (fairseq_ext/runtime/cli.py, fairseq_ext/options.py):
 a bad plugin option ends the command with one line naming the option and the
 allowed values (exit 2, no traceback, no usage), --help lists the chosen
 components' options, and ``python -m fairseq_ext.options`` lists every option of
@@ -52,7 +52,7 @@ def test_traceback_on_request(toy_bin, tmp_path):
     proc = run(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", "--save-dir", str(tmp_path)] + TINY
                + ["--criterion", "mgs", "--mgs-alpha", "0"], FAIRSEQ_EXT_TRACEBACK="1")
     assert proc.returncode == 1 and "Traceback" in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == "fairseq_ext.cli.ConfigError: --mgs-alpha must be > 0, got 0.0"
+    assert proc.stderr.strip().splitlines()[-1] == "fairseq_ext.runtime.cli.ConfigError: --mgs-alpha must be > 0, got 0.0"
 
 
 def test_fairseq_errors_keep_fairseq_usage(toy_bin, tmp_path):

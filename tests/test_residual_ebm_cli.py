@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import assert_shards_make_one_run, run_cli
-from fairseq_ext.cli import ConfigError
+from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.task_losses import unique_ngram_share
 
 P, L = 8, 4

@@ -678,7 +678,7 @@ def test_decoding_defaults_to_the_checkpoints_normalization(toy_bin, tmp_path):
 
 
 def test_bad_length_options_are_refused(translators):
-    from fairseq_ext.cli import ConfigError
+    from fairseq_ext.runtime.cli import ConfigError
     from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss
 
     task, model, sample = translators["lstm"]

@@ -16,9 +16,9 @@ import torch
 from fairseq.criterions import FairseqCriterion
 from torch import Tensor
 
-from fairseq_ext.cli import ConfigError
-from fairseq_ext.criterions.clock import check_model_at_start
-from fairseq_ext.data_parallel import forward_in_wrapper
+from fairseq_ext.runtime.cli import ConfigError
+from fairseq_ext.runtime.clock import check_model_at_start
+from fairseq_ext.runtime.distributed import forward_in_wrapper
 from fairseq_ext.decoding.candidates import DecodeConfig, sequence_log_probs
 from fairseq_ext.decoding.scoring import BatchScorer, check_candidate_model, log_sentence_means, reference_nll
 

@@ -28,12 +28,12 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
-from fairseq_ext.cli import ConfigError
+from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.mgs import IMPORTANCE, NOISE_SCALES, PROPOSALS, ParameterSearch, ProposalConfig
 from fairseq_ext.core.mgs import clip_grad_, mgs_weights, mix_seed, weight_stats
 from fairseq_ext.core.task_losses import pooled_mean
-from fairseq_ext.criterions.clock import TrainingClock, check_model_at_start
-from fairseq_ext.data_parallel import unwrap
+from fairseq_ext.runtime.clock import TrainingClock, check_model_at_start
+from fairseq_ext.runtime.distributed import unwrap
 from fairseq_ext.decoding.candidates import DecodeConfig
 from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.decoding.scoring import BatchScorer, check_candidate_model

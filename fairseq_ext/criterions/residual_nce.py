@@ -20,7 +20,7 @@ from fairseq import metrics, utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from fairseq_ext.cli import ConfigError
+from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.residual import nce_accuracy, nce_loss
 
 

@@ -28,12 +28,12 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
-from fairseq_ext.cli import ConfigError
+from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.relaxations import DECISION_MODES
 from fairseq_ext.core.schedules import EPS_SCHEDULES, check_eps_schedule, exponential_growth, teacher_forcing_prob
 from fairseq_ext.core.token_losses import label_smoothed_nll
-from fairseq_ext.criterions.clock import TrainingClock, check_model_at_start
-from fairseq_ext.data_parallel import forward_in_wrapper
+from fairseq_ext.runtime.clock import TrainingClock, check_model_at_start
+from fairseq_ext.runtime.distributed import forward_in_wrapper
 from fairseq_ext.decoding.soft_inputs import check_step_decodable, make_noise_fn, run_scheduled_sampling
 
 

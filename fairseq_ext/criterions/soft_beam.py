@@ -38,7 +38,7 @@ from fairseq import metrics, utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from fairseq_ext.cli import ConfigError
+from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.schedules import ALPHA_SCHEDULES, interpolated
 from fairseq_ext.core.soft_beam import (
     hamming_step_costs,
@@ -47,8 +47,8 @@ from fairseq_ext.core.soft_beam import (
     soft_max_score,
 )
 from fairseq_ext.core.task_losses import parse_label_weights
-from fairseq_ext.criterions.clock import TrainingClock, check_model_at_start
-from fairseq_ext.data_parallel import forward_in_wrapper
+from fairseq_ext.runtime.clock import TrainingClock, check_model_at_start
+from fairseq_ext.runtime.distributed import forward_in_wrapper
 from fairseq_ext.decoding.soft_beam import (
     DROPOUT_MODES,
     NORMALIZATIONS,

@@ -13,9 +13,9 @@ import torch
 from fairseq import utils
 from torch import Tensor
 
-from fairseq_ext.cli import ConfigError
+from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.task_losses import TASK_LOSSES, task_loss_names
-from fairseq_ext.data_parallel import unwrap
+from fairseq_ext.runtime.distributed import unwrap
 from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates, sequence_log_probs
 from fairseq_ext.decoding.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process
 from fairseq_ext.tasks.text_completion import TextCompletionTask, prefix_sample

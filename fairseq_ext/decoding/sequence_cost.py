@@ -23,7 +23,7 @@ import torch
 from fairseq.data import data_utils
 from torch import Tensor
 
-from fairseq_ext.cli import ConfigError
+from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.task_losses import SUBWORD_MARKS, TaskLoss, build_task_loss, detect_subword_scheme
 from fairseq_ext.core.task_losses import register_task_loss
 from fairseq_ext.decoding.candidates import sequence_log_probs

@@ -48,7 +48,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import FairseqDropout
 from torch import Tensor
 
-from fairseq_ext.cli import ConfigError
+from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.soft_beam import hard_beam_step, soft_beam_step
 from fairseq_ext.decoding.soft_inputs import (
     EmbeddingOverride,

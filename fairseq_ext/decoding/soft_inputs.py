@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from fairseq_ext.cli import ConfigError
+from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.relaxations import decision_embedding, gumbel_noise, is_sample
 
 NoiseFn = Callable[[Tensor], Tensor]

@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_ext.cli import ConfigError
+from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.residual import resample
 from fairseq_ext.core.sampling import batch_generator, choose_tokens
 

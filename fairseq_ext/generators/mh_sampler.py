@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from fairseq_ext.cli import ConfigError
+from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core import mcmc
 from fairseq_ext.core.sampling import batch_generator
 

@@ -22,7 +22,7 @@ from fairseq.models import BaseFairseqModel, register_model
 from fairseq.models.transformer import TransformerConfig, TransformerEncoderBase
 from torch import Tensor, nn
 
-from fairseq_ext.cli import ConfigError
+from fairseq_ext.runtime.cli import ConfigError
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Batch-iterator fixes shared by the project's tasks (translation_mh, translation_search,
 residual_lm, sequence_tagging, text_completion)."""
-from fairseq_ext.cli import ConfigError
+from fairseq_ext.runtime.cli import ConfigError
 
 
 class TaskBatching:

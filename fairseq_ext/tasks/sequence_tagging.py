@@ -47,7 +47,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
-from fairseq_ext.cli import ConfigError
+from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.tagging_metrics import conlleval_counts, precision_recall_f1
 from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
 from fairseq_ext.decoding.soft_beam import BeamSearchConfig, build_beam_generator

@@ -25,7 +25,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
-from fairseq_ext.cli import ConfigError
+from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.tasks.batching import TaskBatching
 
 logger = logging.getLogger(__name__)
