@@ -36,7 +36,7 @@ for _name in ("fairseq", "fairseq_cli"):
 import torch  # noqa: E402
 from fairseq import options, utils  # noqa: E402
 
-from fairseq_ext import toy  # noqa: E402
+from fairseq_ext.synthetic import toy  # noqa: E402
 
 import timing  # noqa: E402  (bench/timing.py)
 

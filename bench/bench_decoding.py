@@ -7,7 +7,7 @@ Run: ``.venv/bin/python bench/bench_decoding.py`` (about 2 minutes on one CPU co
 Models: a ``transformer`` (3+3 layers, embed 256, ffn 1024, 4 heads) and an ``lstm``
 (2+2 layers, 256 units) on the toy translation task, and a ``transformer_lm`` (3 layers,
 embed 256) on ``text_completion`` (``--context-size 3``: the decoder continues a
-3-token prompt). Data: the embedded toy corpus (``fairseq_ext.toy``) in a temp dir.
+3-token prompt). Data: the embedded toy corpus (``fairseq_ext.synthetic.toy``) in a temp dir.
 Weights are random (untrained), so two output regimes are measured:
 
 - ``max-len``: the untrained model as built. It almost never emits EOS, so nearly
@@ -65,7 +65,7 @@ import torch  # noqa: E402
 from fairseq import search, utils  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
-from fairseq_ext import toy  # noqa: E402
+from fairseq_ext.synthetic import toy  # noqa: E402
 from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates  # noqa: E402
 from fairseq_ext.tasks.text_completion import prefix_sample  # noqa: E402
 

@@ -5,7 +5,7 @@ same run.
 Run: ``.venv/bin/python bench/bench_dss.py`` (about a minute on one CPU core;
 ``--quick`` for a few-second smoke run, ``--json FILE`` to keep the rows).
 
-Data: the embedded toy corpus (``fairseq_ext.toy``) binarized in a temp dir; the
+Data: the embedded toy corpus (``fairseq_ext.synthetic.toy``) binarized in a temp dir; the
 batch is the first B training pairs (targets of about 10 tokens: the sequential
 mode's cost grows with the target length T, the P-pass mode's does not).
 
@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from fairseq import utils  # noqa: E402
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion  # noqa: E402
 
-from fairseq_ext import toy  # noqa: E402
+from fairseq_ext.synthetic import toy  # noqa: E402
 from fairseq_ext.criterions.scheduled_sampling import DifferentiableScheduledSampling  # noqa: E402
 
 import timing  # noqa: E402  (bench/timing.py)

@@ -5,7 +5,7 @@ all measured in the same run.
 Run: ``.venv/bin/python bench/bench_mgs.py`` (about 2-3 minutes on one CPU core;
 ``--quick`` for a few-second smoke run, ``--json FILE`` to keep the rows).
 
-Data: the embedded toy corpus (``fairseq_ext.toy``) binarized in a temp dir; batches
+Data: the embedded toy corpus (``fairseq_ext.synthetic.toy``) binarized in a temp dir; batches
 are the first B training pairs. Weights are random (untrained), so greedy decodes
 nearly always run to the length limit, ceil(1.3 x the longest reference), for the
 unperturbed and the perturbed models alike (the table reports the mean length).
@@ -78,7 +78,7 @@ import torch  # noqa: E402
 from fairseq import utils  # noqa: E402
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion  # noqa: E402
 
-from fairseq_ext import toy  # noqa: E402
+from fairseq_ext.synthetic import toy  # noqa: E402
 from fairseq_ext.core.mgs import ParameterSearch, clip_grad_  # noqa: E402
 from fairseq_ext.criterions.mgs import MGSCriterion  # noqa: E402
 from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates  # noqa: E402

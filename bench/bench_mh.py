@@ -36,7 +36,7 @@ for _name in ("fairseq", "fairseq_cli"):
 
 import torch  # noqa: E402
 
-from fairseq_ext import toy  # noqa: E402
+from fairseq_ext.synthetic import toy  # noqa: E402
 from fairseq_ext.core import mcmc  # noqa: E402
 from fairseq_ext.generators.mh_sampler import cmlm_logits_fn, forbidden_symbols  # noqa: E402
 

@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from fairseq import utils  # noqa: E402
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion  # noqa: E402
 
-from fairseq_ext import toy  # noqa: E402
+from fairseq_ext.synthetic import toy  # noqa: E402
 from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss  # noqa: E402
 
 import timing  # noqa: E402  (bench/timing.py)

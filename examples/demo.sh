@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What MGS is for, on embedded data (fairseq_ext/toy_completion.py, no download):
+# What MGS is for, on embedded data (fairseq_ext/synthetic/completion.py, no download):
 # lines that always end, whose greedy continuation by an MLE model often does not.
 # A tiny transformer_lm is trained with MLE on the lines (checkpoint with the best
 # validation loss), then fine-tuned for the same number of updates two ways:
@@ -33,7 +33,7 @@ mkdir -p "$WORK"
 log() { echo "==> $*"; }
 
 log "[1/5] text-completion toy data (seed $SEED) -> $WORK/raw, binarized -> $WORK/bin"
-"$PYTHON" -m fairseq_ext.toy_completion "$WORK/raw" --train "$N_TRAIN" --valid 200 --test "$N_TEST" --seed "$SEED"
+"$PYTHON" -m fairseq_ext.synthetic.completion "$WORK/raw" --train "$N_TRAIN" --valid 200 --test "$N_TEST" --seed "$SEED"
 rm -rf "$WORK/bin"
 fairseq-preprocess --only-source --workers 1 --trainpref "$WORK/raw/train.txt" --validpref "$WORK/raw/valid.txt" \
   --testpref "$WORK/raw/test.txt" --destdir "$WORK/bin" > "$WORK/preprocess.log" 2>&1

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Exposure bias where it must show: (differentiable) scheduled sampling against
-teacher forcing on running sums mod m (``fairseq_ext/prefix_sum.py``).
+teacher forcing on running sums mod m (``fairseq_ext/synthetic/running_sums.py``).
 
 Every run goes through ``fairseq-train`` and ``fairseq-generate``: a tiny LSTM
 or transformer, the same data, optimizer, batch size and number of epochs for
@@ -19,7 +19,7 @@ and accuracy by target position; beside them the teacher-forced accuracy by
 position (argmax given the gold prefix) and the compounding gap, teacher-forced
 minus greedy accuracy: how much of the greedy loss comes from the model's own
 earlier mistakes; and on test, recovery from one wrong token in the gold history
-(``prefix_sum.corrupted_history``: the share of next answers that take the sum
+(``running_sums.corrupted_history``: the share of next answers that take the sum
 from the source, "recovered", or carry the error forward, "followed").
 
 Resumable: every stage skips what its output file says is done.
@@ -50,7 +50,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from fairseq_ext import prefix_sum, toy  # noqa: E402
+from fairseq_ext.synthetic import running_sums, toy  # noqa: E402
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 from compare_runs import paired_bootstrap_mean  # noqa: E402
@@ -115,7 +115,7 @@ def prepare(work):
     bin_dir = os.path.join(work, "bin")
     if not os.path.isfile(os.path.join(bin_dir, "test.src-tgt.tgt.idx")):
         tmp = os.path.join(work, f".prepare.{os.getpid()}")
-        raw = prefix_sum.write_prefix_sum_data(os.path.join(tmp, "raw"), **DATA)
+        raw = running_sums.write_prefix_sum_data(os.path.join(tmp, "raw"), **DATA)
         toy.binarize_translation(raw, os.path.join(tmp, "bin"))
         try:
             os.rename(os.path.join(tmp, "bin"), bin_dir)
@@ -161,7 +161,7 @@ def run(work, bin_dir, arch, system, seed, k, splits=("valid", "test"), tag=None
             add_seq_correct(js, os.path.join(d, f"{split}.gen"))
             continue
         scores = greedy_scores(ckpt, bin_dir, split, os.path.join(d, f"{split}.gen"))
-        scores["teacher_forced_by_position"] = prefix_sum.teacher_forced_by_position(ckpt, bin_dir, split)
+        scores["teacher_forced_by_position"] = running_sums.teacher_forced_by_position(ckpt, bin_dir, split)
         if epoch is not None:
             scores["epoch"] = epoch
         with open(js, "w") as f:
@@ -172,7 +172,7 @@ def run(work, bin_dir, arch, system, seed, k, splits=("valid", "test"), tag=None
 
 
 def greedy_scores(ckpt, bin_dir, split, gen):
-    """``prefix_sum.position_accuracy`` of ``fairseq-generate --beam 1`` on ``split``."""
+    """``running_sums.position_accuracy`` of ``fairseq-generate --beam 1`` on ``split``."""
     sh(["fairseq-generate", bin_dir, "--user-dir", "fairseq_ext", "--path", ckpt, "--gen-subset", split,
         "--beam", "1", "--batch-size", "300", "--required-batch-size-multiple", "1", "--num-workers", "0"], gen)
     return scores_of_generate(gen)
@@ -180,7 +180,7 @@ def greedy_scores(ckpt, bin_dir, split, gen):
 
 def scores_of_generate(gen):
     with open(gen) as f:
-        return prefix_sum.position_accuracy(*prefix_sum.read_generate_output(f.read()))
+        return running_sums.position_accuracy(*running_sums.read_generate_output(f.read()))
 
 
 def select(d, bin_dir, epochs, every):
@@ -204,14 +204,14 @@ def select(d, bin_dir, epochs, every):
 
 
 def add_recovery(js, ckpt, bin_dir, split):
-    """Add the test split's recovery from one wrong history token (prefix_sum.corrupted_history) to
+    """Add the test split's recovery from one wrong history token (running_sums.corrupted_history) to
     its scores, once; scores written before it existed get it while their checkpoint is there."""
     if split != "test" or not os.path.isfile(ckpt):
         return
     with open(js) as f:
         scores = json.load(f)
     if "corrupted_history" not in scores:
-        scores["corrupted_history"] = prefix_sum.corrupted_history_of_checkpoint(ckpt, bin_dir, split)
+        scores["corrupted_history"] = running_sums.corrupted_history_of_checkpoint(ckpt, bin_dir, split)
         with open(js, "w") as f:
             json.dump(scores, f)
 

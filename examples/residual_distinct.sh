@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The residual EBM where the gain must show (docs/residual_ebm.md, "Designed check"):
-# a generated corpus whose continuations never repeat a word (fairseq_ext/toy_residual.py,
+# a generated corpus whose continuations never repeat a word (fairseq_ext/synthetic/residual.py,
 # exact perplexity known), a deliberately small base LM that has not learned that
 # constraint, and the joint model P_LM exp(-E) / Z with a bidirectional energy (BiT)
 # trained by NCE on NEG stored negatives per prefix until the validation loss stops
@@ -37,9 +37,9 @@ mkdir -p "$WORK"
 log() { echo "==> $(date +%H:%M:%S) $*"; }
 
 if [ ! -s "$WORK/bin/dict.txt" ]; then
-  "$PYTHON" -m fairseq_ext.toy_residual "$WORK/raw" --vocab "$VOCAB" --prefix-len "$P" --continuation-len "$L" \
+  "$PYTHON" -m fairseq_ext.synthetic.residual "$WORK/raw" --vocab "$VOCAB" --prefix-len "$P" --continuation-len "$L" \
     --train "$TRAIN" --valid 300 --test 300 --seed 1
-  "$PYTHON" -c "from fairseq_ext import toy; toy.binarize_lines('$WORK/raw', '$WORK/bin')" > "$WORK/preprocess.log" 2>&1
+  "$PYTHON" -c "from fairseq_ext.synthetic import toy; toy.binarize_lines('$WORK/raw', '$WORK/bin')" > "$WORK/preprocess.log" 2>&1
 fi
 
 for seed in $SEEDS; do
@@ -80,7 +80,7 @@ done
 import json, statistics, sys
 sys.path.insert(0, "scripts")
 import plot_log
-from fairseq_ext import toy_residual
+from fairseq_ext.synthetic import residual
 work, vocab, L, seeds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 rows = {k: [] for k in ("lm_ppl", "joint_lo", "joint_hi", "real", "base_lm", "joint", "acc")}
 for s in seeds:
@@ -90,15 +90,15 @@ for s in seeds:
     rows["joint_lo"].append(res["joint_ppl_lower"])
     rows["joint_hi"].append(res["joint_ppl_upper"])
     for k in ("real", "base_lm", "joint"):
-        rows[k].append(toy_residual.distinct_share([r[k].split() for r in recs]))
+        rows[k].append(residual.distinct_share([r[k].split() for r in recs]))
     valid = [stats for tag, stats in plot_log.read_log(f"{work}/s{s}/ebm.log") if tag == "valid"]
     rows["acc"].append(max(v["valid_acc"] for v in valid))
 f = lambda v: f"{statistics.mean(v):.3f} +- {statistics.stdev(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}"
-print(f"seeds {' '.join(seeds)}; truth: perplexity {toy_residual.true_perplexity(vocab, L):.3f}, distinct share 1")
+print(f"seeds {' '.join(seeds)}; truth: perplexity {residual.true_perplexity(vocab, L):.3f}, distinct share 1")
 print("| | base LM | joint (lower / upper log Z) | truth |")
 print("|---|---|---|---|")
 print(f"| perplexity per continuation token | {f(rows['lm_ppl'])} | {f(rows['joint_lo'])} / {f(rows['joint_hi'])} "
-      f"| {toy_residual.true_perplexity(vocab, L):.3f} |")
+      f"| {residual.true_perplexity(vocab, L):.3f} |")
 print(f"| distinct share of samples | {f(rows['base_lm'])} | {f(rows['joint'])} | {f(rows['real'])} |")
 print(f"best validation NCE accuracy: {f(rows['acc'])}")
 PY

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Label bias, where global normalisation must win: the synthetic task of
-``fairseq_ext/label_bias.py`` (the label of an F word is the colour of the next
+``fairseq_ext/synthetic/label_bias.py`` (the label of an F word is the colour of the next
 word), encoder {left-to-right (``--unidirectional``), bidirectional} x training x
 decoding {greedy, beam}; accuracy on the future-dependent positions and overall,
 mean +- std over seeds (docs/soft_beam.md, "Label bias").
@@ -41,7 +41,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from fairseq_ext.label_bias import score_generate_output, write_label_bias_data  # noqa: E402
+from fairseq_ext.synthetic.label_bias import score_generate_output, write_label_bias_data  # noqa: E402
 
 SB = ["--soft-beam-size", "3", "--soft-beam-alpha", "1", "--soft-beam-alpha-schedule", "exponential",
       "--soft-beam-alpha-final", "10", "--soft-beam-alpha-updates", "200"]

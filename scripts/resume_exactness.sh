@@ -24,7 +24,7 @@ export OMP_NUM_THREADS=1 FAIRSEQ_EXT_EXACT_RESUME=${FAIRSEQ_EXT_EXACT_RESUME:-0}
 mkdir -p "$W"
 BIN=$("$PYTHON" -c "
 import sys
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 print(toy.binarize_translation(toy.write_toy_data(sys.argv[1] + '/raw', sizes=(300, 40, 40), seed=1), sys.argv[1] + '/bin'))
 " "$W" 2> /dev/null | tail -n 1)
 O=(--user-dir fairseq_ext --task translation --arch transformer --encoder-layers 1 --decoder-layers 1

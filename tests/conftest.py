@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -63,7 +63,7 @@ def test_data_greedy_stops_only_in_the_first_cycle(tmp_path):
     loops from the other cycles (the failure the demo shows); and every line ends."""
     from collections import Counter, defaultdict
 
-    from fairseq_ext import toy_completion as tc
+    from fairseq_ext.synthetic import completion as tc
 
     tc.write_completion_data(str(tmp_path), (20000, 1, 1), seed=3)
     nxt = defaultdict(Counter)

@@ -38,7 +38,7 @@ import torch
 from fairseq.dataclass.configs import DatasetConfig
 
 from conftest import REPO, cli_env
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 from test_residual_ebm_cli import TASK as RESIDUAL_TASK
 from test_residual_ebm_cli import base_lm, negatives  # noqa: F401  (fixtures)
 

@@ -11,7 +11,7 @@ import torch
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
 from conftest import REPO, run_cli
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 from fairseq_ext.core.relaxations import decision_embedding, decision_weights, gumbel_noise, peaked_softmax
 from fairseq_ext.core.schedules import exponential_growth, teacher_forcing_prob
 from fairseq_ext.core.token_losses import label_smoothed_nll

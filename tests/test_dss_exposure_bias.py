@@ -1,5 +1,5 @@
 """Exposure bias where it must show (issue 21, item 1): on running sums mod m
-(``fairseq_ext/prefix_sum.py``) a tiny LSTM trained by teacher forcing loses
+(``fairseq_ext/synthetic/running_sums.py``) a tiny LSTM trained by teacher forcing loses
 accuracy at late positions when it decodes from its own outputs, and
 differentiable scheduled sampling (soft-sample, the thesis's epoch schedule),
 trained briefly through ``fairseq-train`` with the same budget, must remove much
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, run_cli
-from fairseq_ext import prefix_sum, toy
+from fairseq_ext.synthetic import running_sums, toy
 
 # ----------------------------------------------------------------- the data and the scorer
 
@@ -19,15 +19,15 @@ from fairseq_ext import prefix_sum, toy
 def test_targets_are_running_sums_and_data_is_deterministic(tmp_path):
     rng = random.Random(0)
     for _ in range(50):
-        src, tgt = prefix_sum.prefix_sum_pair(rng, modulus=7, max_step=3, min_len=2, max_len=9)
+        src, tgt = running_sums.prefix_sum_pair(rng, modulus=7, max_step=3, min_len=2, max_len=9)
         xs, ys = [int(t[1:]) for t in src.split()], [int(t[1:]) for t in tgt.split()]
         assert len(xs) == len(ys) and 2 <= len(xs) <= 9 and all(0 <= x <= 3 for x in xs)
         assert ys[0] == xs[0] % 7
         assert all((ys[t] - ys[t - 1] - xs[t]) % 7 == 0 for t in range(1, len(xs)))
-    assert prefix_sum.prefix_sum_pair(random.Random(3), 10, 2, 4, 16) == \
-        prefix_sum.prefix_sum_pair(random.Random(3), 10, 2, 4, 16)
-    a = prefix_sum.write_prefix_sum_data(str(tmp_path / "a"), sizes=(5, 2, 2))
-    b = prefix_sum.write_prefix_sum_data(str(tmp_path / "b"), sizes=(5, 2, 2))
+    assert running_sums.prefix_sum_pair(random.Random(3), 10, 2, 4, 16) == \
+        running_sums.prefix_sum_pair(random.Random(3), 10, 2, 4, 16)
+    a = running_sums.write_prefix_sum_data(str(tmp_path / "a"), sizes=(5, 2, 2))
+    b = running_sums.write_prefix_sum_data(str(tmp_path / "b"), sizes=(5, 2, 2))
     for name in ("train.src", "train.tgt", "test.tgt"):
         assert open(os.path.join(a, name)).read() == open(os.path.join(b, name)).read()
     assert open(os.path.join(a, "train.tgt")).read() != open(os.path.join(a, "valid.tgt")).read()
@@ -36,23 +36,23 @@ def test_targets_are_running_sums_and_data_is_deterministic(tmp_path):
 def test_position_accuracy_hand_values():
     refs = [["y1", "y2", "y3"], ["y4", "y5"], ["y6"]]
     hyps = [["y1", "y0", "y3"], ["y4"], ["y6", "y7"]]  # wrong at t=2; too short; too long
-    s = prefix_sum.position_accuracy(hyps, refs)
+    s = running_sums.position_accuracy(hyps, refs)
     assert s["token_acc"] == pytest.approx(4 / 6)
     assert s["seq_acc"] == 0.0
     assert s["by_position"] == pytest.approx({1: 1.0, 2: 0.0, 3: 1.0})
     assert s["seq_correct"] == [0, 0, 0]
-    assert prefix_sum.position_accuracy([["y1"]], [["y1"]])["seq_acc"] == 1.0
-    assert prefix_sum.position_accuracy([["y1"], ["y2"]], [["y1"], ["y3"]])["seq_correct"] == [1, 0]
+    assert running_sums.position_accuracy([["y1"]], [["y1"]])["seq_acc"] == 1.0
+    assert running_sums.position_accuracy([["y1"], ["y2"]], [["y1"], ["y3"]])["seq_correct"] == [1, 0]
     with pytest.raises(ValueError):
-        prefix_sum.position_accuracy([["y1"]], [["y1"], ["y2"]])
+        running_sums.position_accuracy([["y1"]], [["y1"], ["y2"]])
 
 
 def test_read_generate_output_orders_by_id_and_refuses_missing_hypotheses():
     text = "S-1\tx1 x2\nT-1\ty1 y3\nH-1\t-0.1\ty1 y3\nD-1\t-0.1\ty1 y3\nT-0\ty2\nH-0\t-0.2\ty0\n"
-    hyps, refs = prefix_sum.read_generate_output(text)
+    hyps, refs = running_sums.read_generate_output(text)
     assert refs == [["y2"], ["y1", "y3"]] and hyps == [["y0"], ["y1", "y3"]]
     with pytest.raises(ValueError):
-        prefix_sum.read_generate_output("T-0\ty2\n")
+        running_sums.read_generate_output("T-0\ty2\n")
 
 
 class _RuleModel(torch.nn.Module):
@@ -104,19 +104,19 @@ def test_corrupted_history_hand_values():
     # lengths 4, 3, 6: corrupting y_c for c in 3..8 scores position c + 1 where it exists:
     # c = 3 in the first, none in the second, c = 3, 4, 5 in the third: 4 cases
     batch = [_sums_batch(d, [[2, 1, 2, 2], [1, 1, 1], [2, 2, 2, 1, 0, 2]])]
-    source = prefix_sum.corrupted_history(_RuleModel(d, "source"), d, batch)
+    source = running_sums.corrupted_history(_RuleModel(d, "source"), d, batch)
     assert (source["recovered"], source["followed"], source["n"]) == (1.0, 0.0, 4)
-    shortcut = prefix_sum.corrupted_history(_RuleModel(d, "shortcut"), d, batch)
+    shortcut = running_sums.corrupted_history(_RuleModel(d, "shortcut"), d, batch)
     assert (shortcut["recovered"], shortcut["followed"]) == (0.0, 1.0)
     # source at odd positions c = 3, 5 (the first sentence's and two of the third's), shortcut at c = 4
-    mixed = prefix_sum.corrupted_history(_RuleModel(d, "alternate"), d, batch)
+    mixed = running_sums.corrupted_history(_RuleModel(d, "alternate"), d, batch)
     assert (mixed["recovered"], mixed["followed"]) == (0.75, 0.25)
     # only c = 2: one case per sentence
-    assert prefix_sum.corrupted_history(_RuleModel(d, "source"), d, batch, positions=[2])["n"] == 3
+    assert running_sums.corrupted_history(_RuleModel(d, "source"), d, batch, positions=[2])["n"] == 3
     with pytest.raises(ValueError, match="no sentence"):
-        prefix_sum.corrupted_history(_RuleModel(d, "source"), d, batch, positions=[6])
+        running_sums.corrupted_history(_RuleModel(d, "source"), d, batch, positions=[6])
     with pytest.raises(ValueError, match="y0 .. y11"):
-        prefix_sum.corrupted_history(_RuleModel(d, "source"), d, batch, modulus=12)
+        running_sums.corrupted_history(_RuleModel(d, "source"), d, batch, modulus=12)
 
 
 # ----------------------------------------------------------------- DSS must beat teacher forcing
@@ -143,7 +143,7 @@ DSS = ["--criterion", "differentiable_scheduled_sampling", "--dss-mode", "soft-s
 # seed luck (docs/dss.md's 20-epoch table: behind CE on one seed of three) while the removed
 # compounding is not (there: every seed). With eps = 1 (--dss-warmup 1e12) the DSS runs are
 # the CE runs, nothing is removed, and the test fails. See docs/dss.md.
-# The mechanism, measured directly (prefix_sum.corrupted_history: one wrong y_c fed at c = 3..8,
+# The mechanism, measured directly (running_sums.corrupted_history: one wrong y_c fed at c = 3..8,
 # share of right y_{c+1}): DSS must recover at least RECOVERY_MARGIN points more often than CE,
 # pooled. Measured with this setup, same machine, seeds 1 / 2 / 3: CE 91.0 / 31.5 / 70.3 (mean
 # 64.3), DSS 90.5 / 51.8 / 80.7 (mean 74.3); error carried forward CE 6.4 / 44.9 / 19.7, DSS
@@ -156,7 +156,7 @@ RECOVERY_MARGIN = 5.0
 
 @pytest.fixture(scope="module")
 def running_sums(tmp_path_factory):
-    raw = prefix_sum.write_prefix_sum_data(str(tmp_path_factory.mktemp("sums_raw")), **DATA)
+    raw = running_sums.write_prefix_sum_data(str(tmp_path_factory.mktemp("sums_raw")), **DATA)
     return toy.binarize_translation(raw, str(tmp_path_factory.mktemp("sums_bin")))
 
 
@@ -169,10 +169,10 @@ def _train_and_decode(data, criterion, save_dir, train=TRAIN):
     out = run_cli(["fairseq-generate", data, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--path", ckpt,
                    "--gen-subset", "test", "--beam", "1", "--batch-size", "300",
                    "--required-batch-size-multiple", "1"]).stdout
-    scores = prefix_sum.position_accuracy(*prefix_sum.read_generate_output(out))
+    scores = running_sums.position_accuracy(*running_sums.read_generate_output(out))
     assert scores["n"] == DATA["sizes"][2]
-    scores["teacher_forced_by_position"] = prefix_sum.teacher_forced_by_position(ckpt, data, "test")
-    scores["corrupted_history"] = prefix_sum.corrupted_history_of_checkpoint(ckpt, data, "test")
+    scores["teacher_forced_by_position"] = running_sums.teacher_forced_by_position(ckpt, data, "test")
+    scores["corrupted_history"] = running_sums.corrupted_history_of_checkpoint(ckpt, data, "test")
     return scores
 
 

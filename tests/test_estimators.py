@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 from fairseq_ext.decoding import candidates
 from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
 from fairseq_ext.decoding.scoring import BatchScorer

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import REPO, cli_env
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 
 REAL = {"FAIRSEQ_EXT_FORKSERVER": ""}  # the shims exec the real program
 pytestmark = pytest.mark.skipif(not os.environ.get("FAIRSEQ_EXT_FORKSERVER"), reason="fork server turned off")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import REPO, cli_env, run_cli
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 from fairseq_ext.core.mgs import ParameterSearch, ProposalConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import REPO, cli_env
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 
 TINY = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--criterion", "mgs", "--mgs-task-loss", "edit",
         "--mgs-candidates", "3", "--dropout", "0.0"]

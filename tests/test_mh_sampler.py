@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO, assert_shards_make_one_run, run_cli
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 from fairseq_ext.core import mcmc
 from fairseq_ext.generators.mh_sampler import MHSampler, check_cmlm, cmlm_logits_fn, forbidden_symbols
 

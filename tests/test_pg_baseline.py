@@ -9,7 +9,7 @@ import pytest
 from fairseq.dataclass.configs import DatasetConfig
 
 from conftest import run_cli
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 
 UPDATES = 5  # epochs 1 (updates 1-2), 2 (3-4), 3 (5)
 DECAY = 0.5

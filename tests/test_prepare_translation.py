@@ -11,7 +11,7 @@ import pytest
 from fairseq.data import Dictionary
 
 from conftest import REPO, cli_env
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 from fairseq_ext.decoding.sequence_cost import resolve_post_process
 
 SCRIPT = os.path.join(REPO, "scripts", "prepare_translation.py")

@@ -6,7 +6,7 @@ import os
 import torch
 
 from conftest import run_cli
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 
 
 def test_wikitext_completion_pairs(real_data, tmp_path):

@@ -1,4 +1,4 @@
-"""The residual EBM's designed check (fairseq_ext/toy_residual.py,
+"""The residual EBM's designed check (fairseq_ext/synthetic/residual.py,
 examples/residual_distinct.sh) at small size, through fairseq-train,
 scripts/sample_negatives.py and scripts/eval_residual.py: continuations never repeat
 a word and their exact perplexity is known; a small base LM trained briefly does
@@ -10,17 +10,17 @@ import os
 import pytest
 
 from conftest import run_cli
-from fairseq_ext import toy_residual
+from fairseq_ext.synthetic import residual
 
 
 def test_generator_and_truth_by_hand(tmp_path):
-    toy_residual.write(str(tmp_path), vocab=5, prefix_len=3, continuation_len=4, sizes={"train": 50}, seed=2)
+    residual.write(str(tmp_path), vocab=5, prefix_len=3, continuation_len=4, sizes={"train": 50}, seed=2)
     lines = (tmp_path / "train.txt").read_text().splitlines()
     assert len(lines) == 50 and all(len(line.split()) == 6 for line in lines)
     assert all(len(set(line.split()[3:])) == 3 for line in lines)  # 3 distinct words, then <eos>
     # 1 / (5 * 4 * 3) over 4 tokens
-    assert toy_residual.true_perplexity(5, 4) == pytest.approx(60 ** 0.25)
-    assert toy_residual.distinct_share([["a", "b", "a", "c"], ["a", "b"]]) == pytest.approx((0.75 + 1) / 2)
+    assert residual.true_perplexity(5, 4) == pytest.approx(60 ** 0.25)
+    assert residual.distinct_share([["a", "b", "a", "c"], ["a", "b"]]) == pytest.approx((0.75 + 1) / 2)
 
 
 def test_joint_model_repairs_what_the_base_lm_gets_wrong(tmp_path):
@@ -35,8 +35,8 @@ def test_joint_model_repairs_what_the_base_lm_gets_wrong(tmp_path):
                  "LM_UPDATES": "100", "EBM_EPOCHS": "8", "PATIENCE": "3", "EVAL_SAMPLES": "16", "JOINT": "16"})
     res = json.load(open(os.path.join(work, "s1", "eval.json")))
     recs = [json.loads(line) for line in open(os.path.join(work, "s1", "samples.jsonl"))]
-    share = {k: toy_residual.distinct_share([r[k].split() for r in recs]) for k in ("real", "base_lm", "joint")}
-    truth = toy_residual.true_perplexity(8, 5)
+    share = {k: residual.distinct_share([r[k].split() for r in recs]) for k in ("real", "base_lm", "joint")}
+    truth = residual.true_perplexity(8, 5)
     assert share["real"] == 1.0
     assert share["base_lm"] < 0.95, share  # the base LM repeats words
     assert share["joint"] > share["base_lm"] + 0.05, share

@@ -6,7 +6,7 @@ option's name."""
 import pytest
 import torch
 
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 from fairseq_ext.decoding.candidates import Candidates, DecodeConfig
 
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import REPO, cli_env, run_cli
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 
 LM = ["--task", "language_modeling", "--tokens-per-sample", "32", "--max-tokens", "256"] + toy.TINY_ARCHS["transformer_lm"]
 TRAIN = ["--user-dir", "fairseq_ext", "--optimizer", "adam", "--lr", "0.003", "--seed", "1", "--num-workers", "0",
@@ -119,9 +119,9 @@ def test_a_run_stopped_mid_epoch_exits_cleanly(tmp_path):
     training", in every try (6 of 6). Three runs must all exit 0, as real processes (a
     fork server's child leaves without destroying torch's static objects, so it cannot
     show the abort)."""
-    from fairseq_ext import toy_residual
+    from fairseq_ext.synthetic import residual
 
-    raw = toy_residual.write(str(tmp_path / "raw"), vocab=8, prefix_len=8, continuation_len=5,
+    raw = residual.write(str(tmp_path / "raw"), vocab=8, prefix_len=8, continuation_len=5,
                              sizes={"train": 2000, "valid": 50, "test": 50})
     data = toy.binarize_lines(raw, str(tmp_path / "bin"))
     for i in range(3):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 from fairseq_ext.decoding.candidates import DecodeConfig
 from fairseq_ext.decoding.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process
 from fairseq_ext.decoding.scoring import BatchScorer, parse_cost_spec

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, assert_shards_make_one_run, run_cli
-from fairseq_ext import toy
+from fairseq_ext.synthetic import toy
 from fairseq_ext.core.soft_beam import (
     continuous_topk_argmax,
     hamming_step_costs,

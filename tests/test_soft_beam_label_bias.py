@@ -1,4 +1,4 @@
-"""Label bias (fairseq_ext/label_bias.py): the data are what the docstring says,
+"""Label bias (fairseq_ext/synthetic/label_bias.py): the data are what the docstring says,
 and, through fairseq-train and fairseq-generate, a left-to-right tagger trained
 with the globally normalised soft beam recovers the future-dependent labels with
 a beam, while the same training with local normalisation stays at chance
@@ -9,7 +9,7 @@ import random
 
 from conftest import REPO, run_cli
 
-from fairseq_ext.label_bias import accuracies, label_bias_sentence, write_label_bias_data
+from fairseq_ext.synthetic.label_bias import accuracies, label_bias_sentence, write_label_bias_data
 
 # Measured with examples/soft_beam_label_bias.py (docs/soft_beam.md, "Label bias": 3 seeds,
 # left-to-right encoder, beam 3, 1,116 future positions): `local` 50.8 +- 1.2, `global_ce`

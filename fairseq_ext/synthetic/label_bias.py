@@ -35,11 +35,11 @@ suffices; the thesis trains with 3.
   principle learn it; the experiment measures whether it does.
 - A bidirectional encoder sees x_{i+1} at step i: no deferral needed.
 
-CLI: ``python -m fairseq_ext.label_bias OUT_DIR [--train N --valid N --test N
+CLI: ``python -m fairseq_ext.synthetic.label_bias OUT_DIR [--train N --valid N --test N
 --seed S --words M --min-len L --max-len L]`` writes ``OUT_DIR/{train,dev,test}.txt``
 in the two-column CoNLL format of ``--task sequence_tagging`` (``word label`` per
 line, a blank line between sentences; read it with the default ``--tag-column ner``,
-the last column); ``python -m fairseq_ext.label_bias --score GEN_OUT`` prints the
+the last column); ``python -m fairseq_ext.synthetic.label_bias --score GEN_OUT`` prints the
 accuracy of fairseq-generate output on the future-dependent positions and
 overall (JSON).
 """

@@ -19,16 +19,16 @@ are used (a tiny LSTM learned nothing in 600 updates); with steps in {0, 1, 2}
 y_t is within two of y_{t-1}. Source and target tokens are written as ``x2`` and
 ``y7`` (disjoint symbols in a joined dictionary).
 
-CLI: ``python -m fairseq_ext.prefix_sum OUT_DIR [--train N --valid N --test N
+CLI: ``python -m fairseq_ext.synthetic.running_sums OUT_DIR [--train N --valid N --test N
 --modulus M --min-len A --max-len B --seed S]`` writes
 ``OUT_DIR/{train,valid,test}.{src,tgt}`` for ``fairseq-preprocess``
-(``binarize_translation`` in ``fairseq_ext.toy`` does that in-process).
+(``binarize_translation`` in ``fairseq_ext.synthetic.toy`` does that in-process).
 
-``python -m fairseq_ext.prefix_sum --score GENERATE_OUTPUT [--json FILE]``
+``python -m fairseq_ext.synthetic.running_sums --score GENERATE_OUTPUT [--json FILE]``
 prints greedy token accuracy, whole-sequence accuracy and accuracy by target
 position of a ``fairseq-generate`` output (its H- and T- lines).
 
-``python -m fairseq_ext.prefix_sum --corrupted-history CHECKPOINT --data BIN_DIR
+``python -m fairseq_ext.synthetic.running_sums --corrupted-history CHECKPOINT --data BIN_DIR
 [--split test] [--json FILE]`` prints how often a trained model recovers from
 one wrong token in an otherwise gold history, and how often it carries the error
 forward (``corrupted_history``).

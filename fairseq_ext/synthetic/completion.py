@@ -20,7 +20,7 @@ data better does not change that. MGS (``--criterion mgs --mgs-task-loss lm``:
 the continuation's negative log-probability under the frozen MLE model) rewards
 decoded continuations that end (docs/mgs.md, ``make demo``).
 
-CLI: ``python -m fairseq_ext.toy_completion OUT_DIR [--train N --valid N --test N --seed S]``
+CLI: ``python -m fairseq_ext.synthetic.completion OUT_DIR [--train N --valid N --test N --seed S]``
 writes ``OUT_DIR/{train,valid,test}.txt`` (one line a sequence, for ``--task
 text_completion``).
 """

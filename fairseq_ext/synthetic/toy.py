@@ -11,7 +11,7 @@ the task has an entropy floor and BLEU stays below 100, as with real data). Its
 target side doubles as a language-modeling corpus for
 the ``text_completion`` task.
 
-CLI: ``python -m fairseq_ext.toy OUT_DIR [--train N --valid N --test N --seed S]``
+CLI: ``python -m fairseq_ext.synthetic.toy OUT_DIR [--train N --valid N --test N --seed S]``
 writes ``OUT_DIR/{train,valid,test}.{src,tgt}`` (one sentence a line) and
 ``OUT_DIR/{train,valid,test}.txt`` (the target side, for text completion).
 """
