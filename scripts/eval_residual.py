@@ -145,7 +145,7 @@ def report(res: dict) -> str:
 def plot(res: dict, records: List[dict], prefix: str) -> List[str]:
     """PREFIX_ppl_vs_n.png (Figure 2 left), PREFIX_unique_ngrams.png (Figure 2 right),
     PREFIX_loglik.png (Figure 3). Returns the paths."""
-    from fairseq_ext.plotting import pyplot
+    from fairseq_ext.evaluation.plotting import pyplot
 
     plt = pyplot()
     paths = [f"{prefix}_ppl_vs_n.png", f"{prefix}_unique_ngrams.png", f"{prefix}_loglik.png"]
@@ -211,7 +211,7 @@ def main(argv=None) -> None:
     args = options.parse_args_and_arch(parser, argv)
     range_ns = [int(k) for k in args.range_ns.split(",") if k.strip()]
     if args.png:
-        from fairseq_ext.plotting import pyplot
+        from fairseq_ext.evaluation.plotting import pyplot
         pyplot()  # fail before any work when matplotlib is missing
     task = tasks.setup_task(args)
     models, _ = checkpoint_utils.load_model_ensemble(args.path.split(":"), task=task)

@@ -30,7 +30,7 @@ import re
 import sys
 from typing import Dict, List, Sequence, Tuple
 
-from fairseq_ext.plotting import pyplot
+from fairseq_ext.evaluation.plotting import pyplot
 
 STATS_LINE = re.compile(r"\| ([\w-]+) \| (\{.*\})\s*$")
 

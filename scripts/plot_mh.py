@@ -38,7 +38,7 @@ from typing import Dict, List
 
 import sacrebleu
 
-from fairseq_ext.plotting import pyplot
+from fairseq_ext.evaluation.plotting import pyplot
 
 KEYS = ("accept", "novel", "e_local", "e_raw", "bleu")
 NAMES = {"accept": "acceptance rate", "novel": "novel-transition rate", "e_local": "mean E_local",

@@ -288,7 +288,7 @@ def test_unique_ngram_share_hand_values():
 def test_plotting_names_the_extra_when_matplotlib_is_missing(monkeypatch):
     import sys
 
-    from fairseq_ext.plotting import pyplot
+    from fairseq_ext.evaluation.plotting import pyplot
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
     with pytest.raises(ImportError, match=r"pip install 'fairseq-ext\[plot\]'"):
