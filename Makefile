@@ -50,7 +50,7 @@ test: install
 
 demo: install
 	@echo "==> running the demo (generated text-completion data, tiny transformer_lm: MLE, continued MLE, MGS)"
-	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/demo.sh $(DEMO_DIR)
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/mgs/demo.sh $(DEMO_DIR)
 
 bench: install
 	$(PY) bench/bench_decoding.py

@@ -24,21 +24,19 @@ import contextlib
 import functools
 import logging
 import os
-import sys
 import tempfile
 from typing import Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)  # measure this checkout's fairseq_ext, installed or not
 for _name in ("fairseq", "fairseq_cli"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
-import torch  # noqa: E402
-from fairseq import options, utils  # noqa: E402
+import torch
+from fairseq import options, utils
 
-from fairseq_ext.synthetic import toy  # noqa: E402
+from fairseq_ext.synthetic import toy
 
-import timing  # noqa: E402  (bench/timing.py)
+import timing  # bench/timing.py, beside this script
 
 ROWS = {
     "ce": ["--criterion", "cross_entropy"],

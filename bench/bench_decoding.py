@@ -52,24 +52,21 @@ import json
 import logging
 import os
 import statistics
-import sys
 import tempfile
 from typing import Callable, Dict, List, Optional, Tuple
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)  # measure this checkout's fairseq_ext, installed or not
 for _name in ("fairseq", "fairseq_cli"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
-import torch  # noqa: E402
-from fairseq import search, utils  # noqa: E402
-from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
+import torch
+from fairseq import search, utils
+from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_ext.synthetic import toy  # noqa: E402
-from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates  # noqa: E402
-from fairseq_ext.tasks.text_completion import prefix_sample  # noqa: E402
+from fairseq_ext.synthetic import toy
+from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates
+from fairseq_ext.tasks.text_completion import prefix_sample
 
-import timing  # noqa: E402  (bench/timing.py)
+import timing  # bench/timing.py, beside this script
 
 # appended after toy.TINY_ARCHS[arch]: argparse keeps the last value of a repeated option
 MODERATE_ARCHS = {

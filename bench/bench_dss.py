@@ -28,23 +28,20 @@ Ratios are printed, never asserted.
 import argparse
 import logging
 import os
-import sys
 import tempfile
 from typing import Dict, List
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)  # measure this checkout's fairseq_ext, installed or not
 for _name in ("fairseq", "fairseq_cli"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
-import torch  # noqa: E402
-from fairseq import utils  # noqa: E402
-from fairseq.criterions.cross_entropy import CrossEntropyCriterion  # noqa: E402
+import torch
+from fairseq import utils
+from fairseq.criterions.cross_entropy import CrossEntropyCriterion
 
-from fairseq_ext.synthetic import toy  # noqa: E402
-from fairseq_ext.criterions.scheduled_sampling import DifferentiableScheduledSampling  # noqa: E402
+from fairseq_ext.synthetic import toy
+from fairseq_ext.criterions.scheduled_sampling import DifferentiableScheduledSampling
 
-import timing  # noqa: E402  (bench/timing.py)
+import timing  # bench/timing.py, beside this script
 
 ARCHS = {
     "transformer": ["--arch", "transformer", *timing.TRANSFORMER],

@@ -70,20 +70,19 @@ import time
 from typing import Callable, Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)  # measure this checkout's fairseq_ext, installed or not
 for _name in ("fairseq", "fairseq_cli"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
-import torch  # noqa: E402
-from fairseq import utils  # noqa: E402
-from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion  # noqa: E402
+import torch
+from fairseq import utils
+from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 
-from fairseq_ext.synthetic import toy  # noqa: E402
-from fairseq_ext.core.mgs import ParameterSearch, clip_grad_  # noqa: E402
-from fairseq_ext.criterions.mgs import MGSCriterion  # noqa: E402
-from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates  # noqa: E402
+from fairseq_ext.synthetic import toy
+from fairseq_ext.core.mgs import ParameterSearch, clip_grad_
+from fairseq_ext.criterions.mgs import MGSCriterion
+from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
 
-import timing  # noqa: E402  (bench/timing.py)
+import timing  # bench/timing.py, beside this script
 
 # appended after toy.TINY_ARCHS["transformer"]: argparse keeps the last value of a repeated option
 SPEED_ARCH = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",

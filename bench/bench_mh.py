@@ -26,21 +26,18 @@ clock. Printed, never asserted.
 """
 import logging
 import os
-import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)  # measure this checkout's fairseq_ext, installed or not
 for _name in ("fairseq", "fairseq_cli"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
-import torch  # noqa: E402
+import torch
 
-from fairseq_ext.synthetic import toy  # noqa: E402
-from fairseq_ext.core import mcmc  # noqa: E402
-from fairseq_ext.generators.mh_sampler import cmlm_logits_fn, forbidden_symbols  # noqa: E402
+from fairseq_ext.synthetic import toy
+from fairseq_ext.core import mcmc
+from fairseq_ext.generators.mh_sampler import cmlm_logits_fn, forbidden_symbols
 
-import timing  # noqa: E402  (bench/timing.py)
+import timing  # bench/timing.py, beside this script
 
 SHAPE = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "192", "--decoder-embed-dim", "192",
          "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4",

@@ -18,21 +18,17 @@ prefix of 24 tokens, median of ``--repeats``: the cost a user pays per output.
 import argparse
 import json
 import logging
-import os
-import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)  # measure this checkout's fairseq_ext, installed or not
 for _name in ("fairseq", "fairseq_cli"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
-import torch  # noqa: E402
-from fairseq.data import Dictionary  # noqa: E402
+import torch
+from fairseq.data import Dictionary
 
-from fairseq_ext.generators.joint_sampler import JointSampler, energies_in_batches  # noqa: E402
-from fairseq_ext.models.residual_energy import ResidualEnergyConfig, ResidualEnergyModel  # noqa: E402
+from fairseq_ext.generators.joint_sampler import JointSampler, energies_in_batches
+from fairseq_ext.models.residual_energy import ResidualEnergyConfig, ResidualEnergyModel
 
-import timing  # noqa: E402  (bench/timing.py)
+import timing  # bench/timing.py, beside this script
 
 
 class _Task:

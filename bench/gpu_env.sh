@@ -1,5 +1,5 @@
 # Sourced by the scripts run on the lent GPU machine (bench/gpu_session.sh,
-# examples/mh_cmlm_gpu.sh): fairseq from the wheels carried in .whl/, this checkout on
+# examples/mh_sampler/cmlm_gpu.sh): fairseq from the wheels carried in .whl/, this checkout on
 # PYTHONPATH, the machine's description in $OUT/env.txt.
 #
 # The machine has torch but not fairseq: wheels for its Python (3.12) travel in .whl/ (fairseq-fixed,

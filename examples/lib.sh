@@ -31,7 +31,7 @@ same_model() {
   fi
 }
 
-# seed_spec NAME TEMPLATE: scripts/compare_runs.py's "NAME=FILE,FILE,..." argument, one FILE per seed in
+# seed_spec NAME TEMPLATE: scripts/score/compare_runs.py's "NAME=FILE,FILE,..." argument, one FILE per seed in
 # $SEEDS: TEMPLATE with every @SEED@ replaced by the seed
 seed_spec() {
   local files=() seed
@@ -41,7 +41,7 @@ seed_spec() {
 
 # ---------------------------------------------------------------------------
 # Scheduled-sampling systems under the Goyal thesis's protocol (section 3.3.3), shared by
-# examples/dss_ner.sh and examples/dss_multi30k.sh. Systems: ce, ss_greedy, ss_sample,
+# examples/dss/ner.sh and examples/dss/multi30k.sh. Systems: ce, ss_greedy, ss_sample,
 # soft_greedy_fixed, soft_greedy_annealed, soft_sample_fixed, soft_sample_annealed, always
 # (soft argmax, annealed alpha, eps = 0 after the teacher-forced first epoch). CONFIG names
 # (no dots): base (ce), kK (hard), kK_aA (alpha fixed at A), kK_gG (alpha 1, x G per epoch),
@@ -95,7 +95,7 @@ dss_criterion() {
 #   tune      seed TUNE_SEED (the first of SEEDS) of every system x config
 #   restarts  the other SEEDS of each system's best-on-dev config, and of the best alpha at
 #             every k for soft_greedy_annealed (Table 3.2)
-#   table     examples/dss_table.py --protocol TABLE_ARGS: the best-on-dev restart and the
+#   table     examples/dss/table.py --protocol TABLE_ARGS: the best-on-dev restart and the
 #             mean +- std of all restarts per system, the tuning grid, Table 3.2
 dss_protocol() {
   local work=$1 run_fn=$2 sys cfg seed k picks tune_seed
@@ -114,9 +114,9 @@ dss_protocol() {
     for seed in $SEEDS; do
       [ "$seed" = "$tune_seed" ] && continue
       for sys in $ONLY; do
-        picks=$("$PYTHON" examples/dss_table.py "$work" "$@" --select "$sys" --tune-seed "$tune_seed")
+        picks=$("$PYTHON" examples/dss/table.py "$work" "$@" --select "$sys" --tune-seed "$tune_seed")
         if [ "$sys" = soft_greedy_annealed ]; then
-          for k in $KS; do picks+=" $("$PYTHON" examples/dss_table.py "$work" "$@" --select "$sys" \
+          for k in $KS; do picks+=" $("$PYTHON" examples/dss/table.py "$work" "$@" --select "$sys" \
             --tune-seed "$tune_seed" --prefix "k${k}_")"; done
         fi
         for cfg in $(echo "$picks" | tr ' ' '\n' | sort -u); do
@@ -129,12 +129,12 @@ dss_protocol() {
   fi
   if [[ " $STAGES " == *" table "* ]]; then
     # shellcheck disable=SC2086
-    "$PYTHON" examples/dss_table.py "$work" "$@" --protocol --grid --tune-seed "$tune_seed" --markdown $ONLY
+    "$PYTHON" examples/dss/table.py "$work" "$@" --protocol --grid --tune-seed "$tune_seed" --markdown $ONLY
     if [[ " $ONLY " == *" soft_greedy_annealed "* ]]; then
       echo
       echo "Table 3.2: soft_greedy_annealed at each k (its best alpha on dev)"
       for k in $KS; do
-        "$PYTHON" examples/dss_table.py "$work" "$@" --protocol --tune-seed "$tune_seed" --prefix "k${k}_" \
+        "$PYTHON" examples/dss/table.py "$work" "$@" --protocol --tune-seed "$tune_seed" --prefix "k${k}_" \
           --markdown soft_greedy_annealed | tail -n 1
       done
     fi
@@ -142,24 +142,24 @@ dss_protocol() {
 }
 
 # completion_eval BIN CKPT SCORER MAX_LEN OUT TASK-ARGS...: the text-completion evaluation of
-# examples/demo.sh and examples/mgs_completion_tables.sh. CKPT's greedy continuations of BIN's test
-# prefixes, at most MAX_LEN tokens (OUT.gen); scripts/score.py on them (OUT.scores.json); and the LM
+# examples/mgs/demo.sh and examples/mgs/completion_tables.sh. CKPT's greedy continuations of BIN's test
+# prefixes, at most MAX_LEN tokens (OUT.gen); scripts/score/score.py on them (OUT.scores.json); and the LM
 # cost under the frozen model SCORER (greedy, up to 1.3 x the longest reference) with the test
-# perplexity (scripts/validate_criterion.py, OUT.test.log). Without --required-batch-size-multiple 1
+# perplexity (scripts/inspect/validate_criterion.py, OUT.test.log). Without --required-batch-size-multiple 1
 # fairseq would drop the N mod 8 longest lines. Needs PYTHON.
 completion_eval() {
   local bin=$1 ckpt=$2 scorer=$3 max_len=$4 out=$5
   shift 5
   fairseq-generate "$bin" --user-dir fairseq_ext "$@" --path "$ckpt" --gen-subset test --beam 1 \
     --batch-size 100 --required-batch-size-multiple 1 --max-len-b $((max_len + 3)) > "$out.gen" 2> "$out.gen.log"
-  "$PYTHON" scripts/score.py "$out.gen" --max-len "$max_len" --json "$out.scores.json" > "$out.score.log" 2>&1
-  "$PYTHON" scripts/validate_criterion.py \
+  "$PYTHON" scripts/score/score.py "$out.gen" --max-len "$max_len" --json "$out.scores.json" > "$out.score.log" 2>&1
+  "$PYTHON" scripts/inspect/validate_criterion.py \
     "{'_name': 'mgs', 'mgs_task_loss': 'lm', 'mgs_score_model': '$scorer'}" "$bin" --user-dir fairseq_ext "$@" \
     --path "$ckpt" --valid-subset test --max-tokens 4096 --required-batch-size-multiple 1 > "$out.test.log" 2>&1
 }
 
 # ---------------------------------------------------------------------------
-# Staged recipes (examples/iwslt14_de_en, examples/wmt, examples/wikitext103_completion)
+# Staged recipes (examples/mgs/iwslt14_de_en.sh, examples/mh_sampler/wmt.sh, examples/mgs/wikitext103.sh)
 #
 #   RECIPE WORK_DIR [--stage NAME]... [--from NAME] [--to NAME] [--force] [--dry-run] [--list]
 #

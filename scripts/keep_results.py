@@ -2,14 +2,14 @@
 """Keep the small outputs of a recipe's work directory in the repository.
 
 ``keep_results.py WORK DEST`` copies, under the same relative paths, every score
-file (``*.json``, e.g. scripts/score.py / score_tagging.py output and
+file (``*.json``, e.g. scripts/score/score.py / score_tagging.py output and
 compare_runs.py tables) and every ``*.md`` table of WORK into DEST, and of every
 training log (``*.log`` beside a run) only the lines a table or a reader of the
 protocol needs: fairseq's validation lines, the epoch ends and the final
 "done training" line (a log with none of them is left out). Checkpoints,
 binarized data and generated text stay behind, except the fairseq-generate outputs
 named by ``--gen PATTERN`` (a file-name pattern, e.g. ``'test.beam*.gen'``): those
-are kept as ``NAME.gz`` with only their T-, H- and D- lines (what scripts/score.py
+are kept as ``NAME.gz`` with only their T-, H- and D- lines (what scripts/score/score.py
 and compare_runs.py read; both read ``NAME.gz`` where ``NAME`` is absent), so a paired
 bootstrap against a control can be rerun from the kept files.
 
@@ -52,7 +52,7 @@ def kept(work, gen_patterns=()):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("work", help="the recipe's work directory")
-    p.add_argument("dest", help="where to keep its small outputs (e.g. results/dss_ner)")
+    p.add_argument("dest", help="where to keep its small outputs (e.g. examples/dss/results/ner)")
     p.add_argument("--gen", action="append", default=[], metavar="PATTERN",
                    help="also keep the fairseq-generate outputs whose file name matches PATTERN "
                         "(T-/H-/D- lines, gzipped; repeatable)")

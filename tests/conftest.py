@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from fairseq_ext.evaluation.generate_output import parse as parse_generate_output
 from fairseq_ext.synthetic import toy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -168,13 +169,8 @@ def cache(tmp_path_factory):
 
 
 def hypotheses_by_id(stdout):
-    """{sentence id: [its H- lines' text after the id]} of a fairseq-generate output."""
-    out = {}
-    for line in stdout.splitlines():
-        if line.startswith("H-"):
-            sid, rest = line[2:].split("\t", 1)
-            out.setdefault(int(sid), []).append(rest)
-    return out
+    """{sentence id: [its H- lines' score and text]} of a fairseq-generate output."""
+    return parse_generate_output(stdout, keep_scores=True)["H"]
 
 
 def assert_shards_make_one_run(cmd, shards=2, timeout=600):

@@ -1,6 +1,6 @@
 """End to end through the console scripts: fairseq-train trains and saves,
 fairseq-generate --user-dir fairseq_ext reloads (torch >= 2.6, nothing exported),
-fairseq-train resumes, scripts/score.py scores."""
+fairseq-train resumes, scripts/score/score.py scores."""
 import argparse
 import io
 import json
@@ -46,7 +46,7 @@ def test_generate_reloads_without_env_and_scores(trained, toy_bin, tmp_path):
     gen_file = tmp_path / "gen.out"
     gen_file.write_text(out.stdout)
     json_file = tmp_path / "scores.json"
-    res = run_cli(["python", "scripts/score.py", str(gen_file), "--json", str(json_file), "--max-len", "30"])
+    res = run_cli(["python", "scripts/score/score.py", str(gen_file), "--json", str(json_file), "--max-len", "30"])
     scores = json.loads(json_file.read_text())
     assert scores["n_sentences"] == 40
     assert 0.0 <= scores["bleu"] <= 100.0

@@ -1,4 +1,4 @@
-"""`make demo` (examples/demo.sh), reduced: the MLE model's greedy continuations of
+"""`make demo` (examples/mgs/demo.sh), reduced: the MLE model's greedy continuations of
 the toy completion prefixes fail to terminate, and MGS-LM fixes that against the
 control, continued MLE with the same update budget and the same checkpoint rule
 (the last one). The margin comes from the seed spread measured in docs/mgs.md
@@ -22,7 +22,7 @@ MARGIN = 0.25
 
 def _demo(work, **env):
     base = {"SEED": "1", "PYTHON": "python", "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1", **REDUCED}
-    return run_cli(["bash", "examples/demo.sh", str(work)], env=dict(base, **env)).stdout
+    return run_cli(["bash", "examples/mgs/demo.sh", str(work)], env=dict(base, **env)).stdout
 
 
 @pytest.fixture(scope="module")

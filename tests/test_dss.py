@@ -504,7 +504,7 @@ def test_epoch_schedule_follows_the_formula_across_a_resume(conll, cache, tmp_pa
 
 
 def test_passes_gap_script_is_exact_at_the_limit_and_not_below(toy_bin, tmp_path):
-    """scripts/dss_passes_gap.py (docs/dss.md, "When --dss-passes P is safe") on a
+    """scripts/inspect/dss_passes_gap.py (docs/dss.md, "When --dss-passes P is safe") on a
     briefly trained transformer: with P at least the target length the P-pass
     loss and gradient are the exact pass's (gap 0, cosine 1); at eps 0 two passes
     differ from it (a gap the script must see)."""
@@ -513,7 +513,7 @@ def test_passes_gap_script_is_exact_at_the_limit_and_not_below(toy_bin, tmp_path
              "--optimizer", "adam", "--lr", "0.01", "--max-tokens", "500", "--max-update", "20", "--num-workers", "0",
              "--seed", "1", "--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(save)])
     out = tmp_path / "gap.json"
-    run_cli(["python", "scripts/dss_passes_gap.py", str(save / "checkpoint_last.pt"), toy_bin, "--sentences", "8",
+    run_cli(["python", "scripts/inspect/dss_passes_gap.py", str(save / "checkpoint_last.pt"), toy_bin, "--sentences", "8",
              "--eps", "0", "--passes", "2,64", "--json", str(out)])
     rows = {(r["mode"], r["passes"]): r for r in json.loads(out.read_text())}
     for mode in ("soft-argmax", "hard-argmax"):

@@ -1,4 +1,4 @@
-"""Exposure bias where it must show (issue 21, item 1): on running sums mod m
+"""Exposure bias where it must show: on running sums mod m
 (``fairseq_ext/synthetic/running_sums.py``) a tiny LSTM trained by teacher forcing loses
 accuracy at late positions when it decodes from its own outputs, and
 differentiable scheduled sampling (soft-sample, the thesis's epoch schedule),
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, run_cli
+from fairseq_ext.evaluation.generate_output import read_generate_output
 from fairseq_ext.synthetic import running_sums, toy
 
 # ----------------------------------------------------------------- the data and the scorer
@@ -45,14 +46,6 @@ def test_position_accuracy_hand_values():
     assert running_sums.position_accuracy([["y1"], ["y2"]], [["y1"], ["y3"]])["seq_correct"] == [1, 0]
     with pytest.raises(ValueError):
         running_sums.position_accuracy([["y1"]], [["y1"], ["y2"]])
-
-
-def test_read_generate_output_orders_by_id_and_refuses_missing_hypotheses():
-    text = "S-1\tx1 x2\nT-1\ty1 y3\nH-1\t-0.1\ty1 y3\nD-1\t-0.1\ty1 y3\nT-0\ty2\nH-0\t-0.2\ty0\n"
-    hyps, refs = running_sums.read_generate_output(text)
-    assert refs == [["y2"], ["y1", "y3"]] and hyps == [["y0"], ["y1", "y3"]]
-    with pytest.raises(ValueError):
-        running_sums.read_generate_output("T-0\ty2\n")
 
 
 class _RuleModel(torch.nn.Module):
@@ -155,7 +148,7 @@ RECOVERY_MARGIN = 5.0
 
 
 @pytest.fixture(scope="module")
-def running_sums(tmp_path_factory):
+def sums_data(tmp_path_factory):
     raw = running_sums.write_prefix_sum_data(str(tmp_path_factory.mktemp("sums_raw")), **DATA)
     return toy.binarize_translation(raw, str(tmp_path_factory.mktemp("sums_bin")))
 
@@ -169,7 +162,7 @@ def _train_and_decode(data, criterion, save_dir, train=TRAIN):
     out = run_cli(["fairseq-generate", data, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--path", ckpt,
                    "--gen-subset", "test", "--beam", "1", "--batch-size", "300",
                    "--required-batch-size-multiple", "1"]).stdout
-    scores = running_sums.position_accuracy(*running_sums.read_generate_output(out))
+    scores = running_sums.score_generate_output(read_generate_output(out))
     assert scores["n"] == DATA["sizes"][2]
     scores["teacher_forced_by_position"] = running_sums.teacher_forced_by_position(ckpt, data, "test")
     scores["corrupted_history"] = running_sums.corrupted_history_of_checkpoint(ckpt, data, "test")
@@ -184,13 +177,13 @@ def _compounding(scores):
     return 100 * (_late(scores["teacher_forced_by_position"]) - _late(scores["by_position"]))
 
 
-def test_dss_beats_teacher_forcing_where_errors_compound(running_sums, tmp_path):
+def test_dss_beats_teacher_forcing_where_errors_compound(sums_data, tmp_path):
     ce, dss = [], []
     for seed in SEEDS:
         seeded = list(TRAIN)
         seeded[seeded.index("--seed") + 1] = str(seed)
-        ce.append(_train_and_decode(running_sums, CE, str(tmp_path / f"ce{seed}"), seeded))
-        dss.append(_train_and_decode(running_sums, DSS, str(tmp_path / f"dss{seed}"), seeded))
+        ce.append(_train_and_decode(sums_data, CE, str(tmp_path / f"ce{seed}"), seeded))
+        dss.append(_train_and_decode(sums_data, DSS, str(tmp_path / f"dss{seed}"), seeded))
     ce_c, dss_c = [_compounding(s) for s in ce], [_compounding(s) for s in dss]
     report = (f"compounding at positions 9-12 per seed: CE {[round(c, 1) for c in ce_c]}, "
               f"DSS {[round(c, 1) for c in dss_c]}; greedy accuracy CE "

@@ -227,7 +227,7 @@ def test_residual_nce_trains_in_fp16(toy_lm_bin, tmp_path):
              "--max-update", "30", "--save-dir", str(tmp_path / "lm"), "--no-epoch-checkpoints",
              "--disable-validation", "--fp16", "--seed", "1"], cwd=REPO)
     base_lm = str(tmp_path / "lm" / "checkpoint_last.pt")
-    run_cli(["python", "scripts/sample_negatives.py", toy_lm_bin, "--base-lm", base_lm, "--splits", "train,valid",
+    run_cli(["python", "scripts/prepare/sample_negatives.py", toy_lm_bin, "--base-lm", base_lm, "--splits", "train,valid",
              "--num-samples", "4", "--out-dir", str(tmp_path / "neg")] + task, cwd=REPO)
     proc = run_cli(["fairseq-train", toy_lm_bin, "--base-lm", base_lm, "--negatives-dir", str(tmp_path / "neg"),
                     "--num-negatives", "2", "--arch", "residual_energy", "--energy-variant", "bit",

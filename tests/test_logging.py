@@ -1,9 +1,8 @@
 """Training logs: ``fairseq-train --tensorboard-logdir`` writes event files holding
 the criterion's own metrics (tensorboardX is in the test extra), and
-scripts/plot_log.py draws logged metrics of several runs (fairseq JSON logs) as one
+scripts/plot/plot_log.py draws logged metrics of several runs (fairseq JSON logs) as one
 PNG (docs/logging.md)."""
 import glob
-import importlib.util
 import json
 import os
 import struct
@@ -12,6 +11,7 @@ import subprocess
 import pytest
 
 from conftest import REPO, cli_env, run_cli
+from fairseq_ext.evaluation.train_log import plot
 
 TINY = [
     "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
@@ -81,7 +81,7 @@ def points(records, x, y):
 def test_plot_log_draws_the_logged_values_of_several_runs(runs, tmp_path):
     """One run read from --log-file (bare JSON lines), one from the console log."""
     png, points_json = tmp_path / "fig.png", tmp_path / "fig.json"
-    run_cli(["python", "scripts/plot_log.py", str(runs / "mgs.log"), str(runs / "ce.log"), "--labels", "mgs,ce",
+    run_cli(["python", "scripts/plot/plot_log.py", str(runs / "mgs.log"), str(runs / "ce.log"), "--labels", "mgs,ce",
              "--metric", "loss", "mgs_weight_entropy", "valid_loss", "--out", str(png), "--json", str(points_json)])
     mgs, ce = (stats_lines(runs / name, "train_inner") for name in ("mgs.stdout", "ce.log"))
     valid = {name: stats_lines(runs / log, "valid") for name, log in (("mgs", "mgs.stdout"), ("ce", "ce.log"))}
@@ -97,10 +97,7 @@ def test_plot_log_draws_the_logged_values_of_several_runs(runs, tmp_path):
     image = imread(str(png))
     assert image.shape[:2] == (858, 660) and image.std() > 0  # three 6 x 2.6 inch panels at 110 dpi
 
-    spec = importlib.util.spec_from_file_location("plot_log", os.path.join(REPO, "scripts", "plot_log.py"))
-    plot_log = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plot_log)
-    fig = plot_log.plot(expected, "num_updates")
+    fig = plot(expected, "num_updates")
     for ax, (metric, by_run) in zip(fig.axes, expected.items()):
         assert ax.get_ylabel() == metric
         drawn = {line.get_label(): [list(line.get_xdata()), list(line.get_ydata())] for line in ax.get_lines()}
@@ -111,7 +108,7 @@ def test_plot_log_mgs_draws_the_diagnostics_of_an_mgs_run(runs, tmp_path):
     """--mgs: three panels (weights; MLE component; pooled and candidate costs), one line per
     metric, each with the values the MGS run logged at every update."""
     png, points_json = tmp_path / "mgs.png", tmp_path / "mgs.json"
-    run_cli(["python", "scripts/plot_log.py", str(runs / "mgs.log"), "--mgs", "--out", str(png),
+    run_cli(["python", "scripts/plot/plot_log.py", str(runs / "mgs.log"), "--mgs", "--out", str(png),
              "--json", str(points_json)])
     logged = stats_lines(runs / "mgs.stdout", "train_inner")
     panels = {"mgs_weight_entropy+mgs_weight_std": ["mgs_weight_entropy", "mgs_weight_std"],
@@ -126,12 +123,12 @@ def test_plot_log_mgs_draws_the_diagnostics_of_an_mgs_run(runs, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--metric", "nosuch"], "plot_log: --metric nosuch (with --x num_updates) is in none of the logs; logged: "),
-    (["--metric", "loss", "--labels", "a,b"], "plot_log: --labels needs 1 distinct names, got 'a,b'"),
-    (["--metric", "loss", "--out", "/no/such/dir/fig.png"], "plot_log: --out /no/such/dir/fig.png: no such directory"),
+    (["--metric", "nosuch"], "plot_log.py: error: --metric nosuch (with --x num_updates) is in none of the logs; logged: "),
+    (["--metric", "loss", "--labels", "a,b"], "plot_log.py: error: --labels needs 1 distinct names, got 'a,b'"),
+    (["--metric", "loss", "--out", "/no/such/dir/fig.png"], "plot_log.py: error: --out /no/such/dir/fig.png: no such directory"),
 ])
 def test_plot_log_bad_input_is_one_line(runs, tmp_path, args, message):
-    cmd = ["python", "scripts/plot_log.py", str(runs / "mgs.log"), "--out", str(tmp_path / "f.png"), *args]
+    cmd = ["python", "scripts/plot/plot_log.py", str(runs / "mgs.log"), "--out", str(tmp_path / "f.png"), *args]
     proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and not (tmp_path / "f.png").exists()
     assert proc.stderr.strip().splitlines()[-1].startswith(message), proc.stderr[-2000:]

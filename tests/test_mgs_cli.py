@@ -109,13 +109,13 @@ def test_mgs_lm_cost_with_score_model(toy_bin, mle_ckpt, tmp_path):
 
 
 def test_validate_criterion_scores_mle_checkpoint(toy_bin, mle_ckpt):
-    """scripts/validate_criterion.py scores a cross-entropy checkpoint with the MGS criterion's greedy
+    """scripts/inspect/validate_criterion.py scores a cross-entropy checkpoint with the MGS criterion's greedy
     task loss (plain fairseq-validate builds the saved criterion and cannot), with the same MLE loss."""
     common = [toy_bin, "--user-dir", "fairseq_ext", "--task", "translation", "--path", mle_ckpt,
               "--valid-subset", "valid", "--max-tokens", "2000"]
     loss = r"valid on 'valid' subset \| loss ([0-9.]+)"
     plain = run_cli(["fairseq-validate"] + common)
-    scored = run_cli(["python", "scripts/validate_criterion.py", "{'_name': 'mgs', 'mgs_task_loss': 'edit'}"] + common)
+    scored = run_cli(["python", "scripts/inspect/validate_criterion.py", "{'_name': 'mgs', 'mgs_task_loss': 'edit'}"] + common)
     assert "task_loss" not in plain.stdout + plain.stderr
     edit = re.search(r"\| task_loss ([0-9.]+) .*\| cost_edit ([0-9.]+)", scored.stdout + scored.stderr)
     assert edit and 0.0 <= float(edit.group(1)) == float(edit.group(2)) <= 1.0

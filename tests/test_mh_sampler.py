@@ -109,8 +109,8 @@ def test_generate_prints_one_hypothesis_per_chain_and_writes_statistics(toy_bin,
             assert -sum(scores) * math.log(2) == pytest.approx(e_local, abs=0.01)
             assert last["e_local"][c] == pytest.approx(e_local, abs=1e-3)
             assert last["e_raw"][c] == pytest.approx(e_raw, abs=1e-3)
-    # scripts/plot_mh.py: per-epoch curves pooled over sentences and chains, one figure per curve
-    run_cli(["python", "scripts/plot_mh.py", str(stats), "--labels", "run", "--json", str(tmp_path / "mh.json"),
+    # scripts/plot/plot_mh.py: per-epoch curves pooled over sentences and chains, one figure per curve
+    run_cli(["python", "scripts/plot/plot_mh.py", str(stats), "--labels", "run", "--json", str(tmp_path / "mh.json"),
              "--png", str(tmp_path / "mh")])
     curves = json.loads((tmp_path / "mh.json").read_text())["run"]["curves"]
     for e in range(3):
@@ -271,7 +271,7 @@ def test_plot_mh_averages_a_run_over_its_seeds(tmp_path):
 
     s1 = stats(tmp_path / "s1.jsonl", [0, 5, 7], [9, 4, 2])
     s2 = stats(tmp_path / "s2.jsonl", [0, 3, 5], [9, 1, 1])
-    out = run_cli(["python", "scripts/plot_mh.py", f"{s1},{s2}", s1, "--labels", "both,one",
+    out = run_cli(["python", "scripts/plot/plot_mh.py", f"{s1},{s2}", s1, "--labels", "both,one",
                    "--json", str(tmp_path / "mh.json")]).stdout
     assert "| both | 1 x 1 | 2 | 2.00 +- 1.41 | -2.00 +- 1.41 | 0.500 +- 0.141 | 0.500 +- 0.141 | - |" in out
     assert "| one | 1 x 1 | 1 | 3.00 | -3.00 | 0.600 | 0.600 | - |" in out
@@ -280,23 +280,23 @@ def test_plot_mh_averages_a_run_over_its_seeds(tmp_path):
     assert [s["accept"] for s in both["per_seed"]] == pytest.approx([0.6, 0.4])
     short = stats(tmp_path / "short.jsonl", [0, 5, 7], [9, 4, 2], epochs=2)
     with pytest.raises(AssertionError, match="seeds of one run differ"):
-        run_cli(["python", "scripts/plot_mh.py", f"{s1},{short}"])
+        run_cli(["python", "scripts/plot/plot_mh.py", f"{s1},{short}"])
     # a seed's --json stands in for its stats file (kept when the stats file is gone): the same
     # hand-computed row; a pooled --json (two seeds) is refused, naming the file
     c2 = tmp_path / "s2.curves.json"
-    run_cli(["python", "scripts/plot_mh.py", s2, "--json", str(c2)])
+    run_cli(["python", "scripts/plot/plot_mh.py", s2, "--json", str(c2)])
     (tmp_path / "s2.jsonl").unlink()
-    out = run_cli(["python", "scripts/plot_mh.py", f"{s1},{c2}", str(c2)]).stdout
+    out = run_cli(["python", "scripts/plot/plot_mh.py", f"{s1},{c2}", str(c2)]).stdout
     assert "| s1 | 1 x 1 | 2 | 2.00 +- 1.41 | -2.00 +- 1.41 | 0.500 +- 0.141 | 0.500 +- 0.141 | - |" in out
     assert "| s2 | 1 x 1 | 1 | 1.00 | -1.00 | 0.400 | 0.400 | - |" in out
     two_runs = tmp_path / "mh.json"  # "both" and "one", written above
     message = f"plot_mh: {two_runs} is not plot_mh.py --json output of one run"
     with pytest.raises(AssertionError, match=re.escape(message)):
-        run_cli(["python", "scripts/plot_mh.py", f"{s1},{two_runs}"])
+        run_cli(["python", "scripts/plot/plot_mh.py", f"{s1},{two_runs}"])
     pooled = tmp_path / "pooled.json"
-    run_cli(["python", "scripts/plot_mh.py", f"{s1},{c2}", "--labels", "both", "--json", str(pooled)])
+    run_cli(["python", "scripts/plot/plot_mh.py", f"{s1},{c2}", "--labels", "both", "--json", str(pooled)])
     with pytest.raises(AssertionError, match=re.escape(f"plot_mh: {pooled} holds a run pooled over 2 seeds")):
-        run_cli(["python", "scripts/plot_mh.py", f"{s1},{pooled}"])
+        run_cli(["python", "scripts/plot/plot_mh.py", f"{s1},{pooled}"])
 
 
 def test_plot_mh_draws_the_chosen_curves_as_panels_of_one_figure(tmp_path):
@@ -310,7 +310,7 @@ def test_plot_mh_draws_the_chosen_curves_as_panels_of_one_figure(tmp_path):
            for a, e in zip([9, 5, 7], [9, 4, 2])]
     stats = tmp_path / "s.jsonl"
     stats.write_text(json.dumps({"id": 0, "ref": "a b", "burn_in": 1, "epochs": eps}) + "\n")
-    run_cli(["python", "scripts/plot_mh.py", str(stats), "--png", str(tmp_path / "fig"), "--panels",
+    run_cli(["python", "scripts/plot/plot_mh.py", str(stats), "--png", str(tmp_path / "fig"), "--panels",
              "--curves", "accept,e_local", "--bleu-line", "Mask-Predict=26.4"])
     assert imread(str(tmp_path / "fig.png")).shape[:2] == (352, 880)
     assert not list(tmp_path.glob("fig_*.png"))
@@ -318,5 +318,5 @@ def test_plot_mh_draws_the_chosen_curves_as_panels_of_one_figure(tmp_path):
                          (["--bleu-line", "26.4"], "plot_mh: --bleu-line: expected NAME=VALUE, got '26.4'"),
                          (["--bleu-line", "MP=high"], "plot_mh: --bleu-line: expected NAME=VALUE, got 'MP=high'")):
         with pytest.raises(AssertionError, match=re.escape(message)):
-            run_cli(["python", "scripts/plot_mh.py", str(stats), "--png", str(tmp_path / "x"), *bad])
+            run_cli(["python", "scripts/plot/plot_mh.py", str(stats), "--png", str(tmp_path / "x"), *bad])
     assert not list(tmp_path.glob("x*"))

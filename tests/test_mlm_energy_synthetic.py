@@ -1,16 +1,12 @@
-"""The enumerable study of thesis section 6.2.2-6.2.3 (examples/mlm_energy_synthetic):
+"""The enumerable study of thesis section 6.2.2-6.2.3 (fairseq_ext/synthetic/mlm_energy.py):
 exact objectives, and the ordering NLL(LL) <= NLL(PLL) <= NLL(MLM) of Table 6.1 on
 palindrome-1k with fixed seeds."""
 import math
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
-                                "mlm_energy_synthetic"))
-import synthetic as S  # noqa: E402
+from fairseq_ext.synthetic import mlm_energy as S
 
 
 def test_true_distributions_are_normalised_and_palindromes_have_mass_0_8():

@@ -1,7 +1,7 @@
-"""scripts/prepare_translation.py on your own corpus (docs/data.md, "Bring your own data"):
+"""scripts/prepare/prepare_translation.py on your own corpus (docs/data.md, "Bring your own data"):
 any language codes and split file names, sentencepiece or subword-nmt, binarized for
 fairseq; the subwords come back off exactly and --*-post-process auto recognises them;
-missing files and bad values stop it with one line naming them. scripts/prepare_multi30k.sh,
+missing files and bad values stop it with one line naming them. scripts/prepare/prepare_multi30k.sh,
 now a wrapper, still takes Multi30k's layout."""
 import json
 import os
@@ -14,7 +14,7 @@ from conftest import REPO, cli_env
 from fairseq_ext.synthetic import toy
 from fairseq_ext.decoding.sequence_cost import resolve_post_process
 
-SCRIPT = os.path.join(REPO, "scripts", "prepare_translation.py")
+SCRIPT = os.path.join(REPO, "scripts", "prepare", "prepare_translation.py")
 SIZES = {"training": 300, "heldout": 40, "eval": 30}
 
 
@@ -95,12 +95,12 @@ def test_prepare_multi30k_layout(tmp_path):
         for lang, side in (("de", 0), ("en", 1)):
             (raw / f"{name}.{lang}").write_text("".join(p[side] + "\n" for p in pairs))
     env = cli_env(PYTHON="python", WORKERS="1")
-    proc = subprocess.run(["bash", "scripts/prepare_multi30k.sh", str(raw), str(tmp_path / "out"), "100"], cwd=REPO,
+    proc = subprocess.run(["bash", "scripts/prepare/prepare_multi30k.sh", str(raw), str(tmp_path / "out"), "100"], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "out" / "spm.model").exists() and (tmp_path / "out" / "valid.en").exists()
     assert (tmp_path / "out" / "bin" / "test.de-en.en.bin").exists()
     (raw / "val.en").unlink()
-    proc = subprocess.run(["bash", "scripts/prepare_multi30k.sh", str(raw), str(tmp_path / "out2"), "100"], cwd=REPO,
+    proc = subprocess.run(["bash", "scripts/prepare/prepare_multi30k.sh", str(raw), str(tmp_path / "out2"), "100"], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and f"missing input file {raw}/val.en" in proc.stderr

@@ -11,7 +11,7 @@ from fairseq_ext.synthetic import toy
 
 def test_wikitext_completion_pairs(real_data, tmp_path):
     out = tmp_path / "wt2"
-    run_cli(["python", "scripts/prepare_wikitext_completion.py", os.path.join(real_data, "wikitext-2"), str(out)])
+    run_cli(["python", "scripts/prepare/prepare_wikitext_completion.py", os.path.join(real_data, "wikitext-2"), str(out)])
     stats = json.loads((out / "stats.json").read_text())
     # independent count: test lines with more than k = 10 whitespace tokens
     with open(os.path.join(real_data, "wikitext-2", "test.txt"), encoding="utf-8") as f:
@@ -38,7 +38,7 @@ def test_multi30k_end_to_end(real_data, tmp_path):
     """A small transformer trained for 200 updates of 2,048 tokens (under a minute on
     one core) must clearly beat an untrained one (BLEU ~0; measured: 12.8)."""
     data = tmp_path / "m30k"
-    run_cli(["bash", "scripts/prepare_multi30k.sh", os.path.join(real_data, "multi30k"), str(data), "2000"])
+    run_cli(["bash", "scripts/prepare/prepare_multi30k.sh", os.path.join(real_data, "multi30k"), str(data), "2000"])
     save = tmp_path / "ckpt"
     run_cli(["fairseq-train", str(data / "bin"), "--user-dir", "fairseq_ext", "--arch", "transformer",
              "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
@@ -55,7 +55,7 @@ def test_multi30k_end_to_end(real_data, tmp_path):
     gen_file = tmp_path / "gen.out"
     gen_file.write_text(gen.stdout)
     js = tmp_path / "scores.json"
-    run_cli(["python", "scripts/score.py", str(gen_file), "--json", str(js)])
+    run_cli(["python", "scripts/score/score.py", str(gen_file), "--json", str(js)])
     scores = json.loads(js.read_text())
     assert scores["n_sentences"] == 1000
     assert scores["bleu"] > 5.0, scores

@@ -1,5 +1,5 @@
-"""The paper-scale recipes (examples/iwslt14_de_en, examples/wmt,
-examples/wikitext103_completion) run end to end on local data laid out as their
+"""The paper-scale recipes (examples/mgs/iwslt14_de_en.sh, examples/mh_sampler/wmt.sh,
+examples/mgs/wikitext103.sh) run end to end on local data laid out as their
 downloads would be: Multi30k renamed into the IWSLT'14 and WMT'14 layouts, WikiText-2
 into the WikiText-103 one. Every stage runs (but mgs_edit, the mgs stage with
 another task loss), with tiny models and a few updates (EXTRA_* options appended
@@ -8,20 +8,17 @@ fairseq; a second call skips finished stages; --dry-run prints the paper's setti
 and touches nothing."""
 import json
 import os
-import sys
+import re
 import time
 
 import pytest
 
 from conftest import REPO, run_cli
 
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-from prepare_translation import clean, read_raw  # noqa: E402
-from prepare_wikitext_completion import read_lines, split_articles  # noqa: E402
 
-IWSLT = "examples/iwslt14_de_en/run.sh"
-WMT = "examples/wmt/run.sh"
-WIKITEXT = "examples/wikitext103_completion/run.sh"
+IWSLT = "examples/mgs/iwslt14_de_en.sh"
+WMT = "examples/mh_sampler/wmt.sh"
+WIKITEXT = "examples/mgs/wikitext103.sh"
 TINY_TRANSFORMER = ("--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32 "
                     "--encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 --encoder-attention-heads 2 "
                     "--decoder-attention-heads 2 --max-tokens 1000 --update-freq 1")
@@ -164,15 +161,30 @@ def test_stage_selection_and_errors(tmp_path):
 
 
 def test_clean_and_read_raw_follow_moses_and_fairseq(tmp_path):
+    """scripts/prepare/prepare_translation.py's reading and cleaning, seen in the tokenized text it
+    writes (no tokenizer: --tokenize none)."""
     pairs = [("a  b ", "x y"), ("a b c d", "x"), ("", "x"), ("a " * 6, "x " * 4), ("a " * 7, "x " * 7), ("a|b", "x")]
+    write(str(tmp_path / "train.de"), [p[0] for p in pairs])
+    write(str(tmp_path / "train.en"), [p[1] for p in pairs])
+    write(str(tmp_path / "dev.de.xml"), ["<doc>", '<seg id="1">  It’s here  </seg>', "<title>no seg</title>",
+                                         '<seg id="2">b</seg>'])
+    write(str(tmp_path / "dev.en.xml"), ['<seg id="1">x</seg>', '<seg id="2">y</seg>'])
+    write(str(tmp_path / "tags.de"), ["<url>u</url>", "<talkid>3</talkid>", "<keywords>k</keywords>", "<title>T</title>",
+                                      "text"])
+    write(str(tmp_path / "tags.en"), ["<url>u</url>", "<talkid>3</talkid>", "<keywords>k</keywords>", "<title>A</title>",
+                                      "words"])
+
+    def prepare(out, train, *extra):
+        run_cli(["python", "scripts/prepare/prepare_translation.py", str(out), "--src", "de", "--tgt", "en",
+                 "--train", str(train), "--valid", "{l}".join([str(tmp_path / "dev."), ".xml"]), "--tokenize", "none",
+                 "--max-len", "6", "--ratio", "1.5", "--vocab-size", "8", *extra])
+        return {f: (out / "tok" / f).read_text().splitlines() for f in ("train.de", "train.en", "valid.de")}
+
     # clean-corpus-n.perl: squeeze, drop empty sides, lengths outside [1, 6], ratio above 1.5
-    assert clean(pairs, 1, 6, 1.5) == [("a b", "x y"), ("a a a a a a", "x x x x"), ("ab", "x")]
-    xml = tmp_path / "t.de.xml"
-    write(str(xml), ["<doc>", '<seg id="1">  It’s here  </seg>', "<title>no seg</title>", '<seg id="2">b</seg>'])
-    assert read_raw(str(xml), False) == ["It's here", "b"]
-    tags = tmp_path / "train.tags.de-en.de"
-    write(str(tags), ["<url>u</url>", "<talkid>3</talkid>", "<keywords>k</keywords>", "<title>T</title>", "text"])
-    assert read_raw(str(tags), True) == ["T", "text"]
+    tok = prepare(tmp_path / "out", tmp_path / "train")
+    assert list(zip(tok["train.de"], tok["train.en"])) == [("a b", "x y"), ("a a a a a a", "x x x x"), ("ab", "x")]
+    assert tok["valid.de"] == ["It's here", "b"]  # the <seg> contents of .xml, apostrophe normalised
+    assert prepare(tmp_path / "iwslt", tmp_path / "tags", "--iwslt-tags")["train.de"] == ["T", "text"]
 
 
 # --------------------------------------------------------------------------- WMT
@@ -238,8 +250,10 @@ def wikitext(real_data, tmp_path_factory):
     split cut at article boundaries into train and valid, a tenth of its test split;
     then the recipe."""
     raw, wt2 = tmp_path_factory.mktemp("wt_raw"), os.path.join(real_data, "wikitext-2")
-    valid, test = read_lines(os.path.join(wt2, "valid.txt")), read_lines(os.path.join(wt2, "test.txt"))
-    train, valid = split_articles(valid[: len(valid) // 4], 0.1)
+    valid, test = (open(os.path.join(wt2, f"{s}.txt"), encoding="utf-8").read().splitlines() for s in ("valid", "test"))
+    valid = valid[: len(valid) // 4]
+    heading = [i for i, line in enumerate(valid) if re.match(r"^ = [^=].* = $", line)][-2]  # two last articles
+    train, valid = valid[:heading], valid[heading:]
     for name, rows in (("train", train), ("valid", valid), ("test", test[: len(test) // 10])):
         write(str(raw / f"wiki.{name}.tokens"), rows)
     work = tmp_path_factory.mktemp("wt") / "work"

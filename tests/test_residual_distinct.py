@@ -1,6 +1,6 @@
 """The residual EBM's designed check (fairseq_ext/synthetic/residual.py,
-examples/residual_distinct.sh) at small size, through fairseq-train,
-scripts/sample_negatives.py and scripts/eval_residual.py: continuations never repeat
+examples/residual_ebm/distinct.sh) at small size, through fairseq-train,
+scripts/prepare/sample_negatives.py and scripts/score/eval_residual.py: continuations never repeat
 a word and their exact perplexity is known; a small base LM trained briefly does
 not know the constraint; the joint model P_LM exp(-E) / Z must repair both."""
 import json
@@ -30,7 +30,7 @@ def test_joint_model_repairs_what_the_base_lm_gets_wrong(tmp_path):
     against the truth 4.42 (docs/residual_ebm.md, "Designed check", has the 3-seed
     full-size numbers)."""
     work = str(tmp_path / "work")
-    run_cli(["bash", "examples/residual_distinct.sh", work],
+    run_cli(["bash", "examples/residual_ebm/distinct.sh", work],
             env={"SEEDS": "1", "TRAIN": "2000", "VOCAB": "8", "L": "5", "EBM_LR": "0.003", "BATCH": "16",
                  "LM_UPDATES": "100", "EBM_EPOCHS": "8", "PATIENCE": "3", "EVAL_SAMPLES": "16", "JOINT": "16"})
     res = json.load(open(os.path.join(work, "s1", "eval.json")))

@@ -1,6 +1,6 @@
 """Residual EBM through fairseq on the toy corpus: a tiny base transformer_lm,
-scripts/sample_negatives.py, fairseq-train --task residual_lm --criterion
-residual_nce (bit and unit), scripts/eval_residual.py, fairseq-generate with the
+scripts/prepare/sample_negatives.py, fairseq-train --task residual_lm --criterion
+residual_nce (bit and unit), scripts/score/eval_residual.py, fairseq-generate with the
 joint sampler; and the checks that bad input fails before any work."""
 import json
 import math
@@ -34,7 +34,7 @@ def base_lm(toy_lm_bin, tmp_path_factory):
 @pytest.fixture(scope="module")
 def negatives(toy_lm_bin, base_lm, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("negatives"))
-    run_cli(["python", "scripts/sample_negatives.py", toy_lm_bin, "--base-lm", base_lm, "--splits", "train,valid,test",
+    run_cli(["python", "scripts/prepare/sample_negatives.py", toy_lm_bin, "--base-lm", base_lm, "--splits", "train,valid,test",
              "--num-samples", "4", "--out-dir", out] + TASK)
     return out
 
@@ -100,7 +100,7 @@ def test_eval_script_perplexity_range(toy_lm_bin, base_lm, negatives, trained_bi
     save, _ = trained_bit
     out_json, out_samples = tmp_path / "eval.json", tmp_path / "samples.jsonl"
     png = ["--png", str(tmp_path / "fig")]
-    run_cli(["python", "scripts/eval_residual.py", toy_lm_bin, "--base-lm", base_lm, "--path",
+    run_cli(["python", "scripts/score/eval_residual.py", toy_lm_bin, "--base-lm", base_lm, "--path",
              os.path.join(save, "checkpoint_best.pt"), "--gen-subset", "test", "--num-samples", "16",
              "--range-ns", "2,4,8", "--joint-samples", "8", "--joint-topk", "3", "--samples-out", str(out_samples),
              "--json", str(out_json)] + png + TASK)
@@ -362,14 +362,10 @@ def test_log_z_estimates_from_the_base_lm_match_the_enumerated_log_z(toy_lm_bin,
         assert abs(est.mean().item() - expected) < 4 * se + 0.3 * c / n, (est.mean().item(), expected, se, c / n)
 
 
-def test_residual_table_gain_and_accuracy_by_hand(tmp_path, capsys):
-    """scripts/residual_table.py on hand-made files: the gain of the real continuation
+def test_residual_table_gain_and_accuracy_by_hand(tmp_path):
+    """examples/residual_ebm/table.py on hand-made files: the gain of the real continuation
     (joint - base-LM log-likelihood) per prefix is 1, 2, 3 -> mean 2, s.e. 1 / sqrt(3), t = 3.46;
     the best valid accuracy 0.61 at epoch 2 of 3; perplexities averaged over two seeds."""
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
-    import residual_table
-
     def write_eval(seed, base_ppl, lo, hi, gains):
         res = {"prefixes": 3, "tokens": 12, "num_samples": 4, "base_lm_ppl": base_ppl,
                "joint_ppl_lower": lo, "joint_ppl_upper": hi,
@@ -388,8 +384,7 @@ def test_residual_table_gain_and_accuracy_by_hand(tmp_path, capsys):
 
     write_eval(1, 100.0, 90.0, 92.0, [1.0, 2.0, 3.0])
     write_eval(2, 100.0, 94.0, 96.0, [1.0, 2.0, 3.0])
-    residual_table.main([str(tmp_path), "--seeds", "1", "2", "--variants", "bit"])
-    out = capsys.readouterr().out
+    out = run_cli(["python", "examples/residual_ebm/table.py", str(tmp_path), "--seeds", "1", "2", "--variants", "bit"]).stdout
     row = next(line for line in out.splitlines() if line.startswith("| joint bit"))
     assert "[92.000 +- 2.828, 94.000 +- 2.828]" in row
     assert "+2.000 +- 0.577 (+3.5)" in row

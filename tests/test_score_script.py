@@ -1,4 +1,4 @@
-"""Runs scripts/score.py as a subprocess on hand-written inputs."""
+"""Runs scripts/score/score.py as a subprocess on hand-written inputs."""
 import gzip
 import json
 import subprocess
@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "score.py"
+from fairseq_ext.evaluation import comparison
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "score" / "score.py"
 
 # Ids out of order, log noise, a P- line; D- is the detokenized text that gets scored.
 GENERATE_OUTPUT = """\
@@ -152,9 +154,9 @@ def test_mismatched_line_counts(tmp_path):
 
 
 def test_dss_table_columns_per_suffix(tmp_path):
-    """examples/dss_table.py: one dev / test column pair per --suffix, mean [min, max] over seeds; a seed
+    """examples/dss/table.py: one dev / test column pair per --suffix, mean [min, max] over seeds; a seed
     counts only with every suffix scored."""
-    table = Path(__file__).resolve().parents[1] / "examples" / "dss_table.py"
+    table = Path(__file__).resolve().parents[1] / "examples" / "dss" / "table.py"
     for seed, f1 in ((1, 80.0), (2, 82.0)):
         d = tmp_path / f"run.s{seed}"
         d.mkdir()
@@ -174,11 +176,11 @@ def test_dss_table_columns_per_suffix(tmp_path):
 
 
 def test_dss_table_protocol_selects_on_the_tuning_seed(tmp_path):
-    """examples/dss_table.py --select / --protocol (the thesis's rule): the config is chosen by the tuning
+    """examples/dss/table.py --select / --protocol (the thesis's rule): the config is chosen by the tuning
     seed's dev F1 alone (k10 wins on seed 1 although k1 has the best dev over all seeds); the reported
     restart is the best on dev among that config's seeds (seed 3: test 70, not the best test 75); the mean
     +- sample std is over all its restarts; --prefix restricts the choice; --best names that restart."""
-    table = Path(__file__).resolve().parents[1] / "examples" / "dss_table.py"
+    table = Path(__file__).resolve().parents[1] / "examples" / "dss" / "table.py"
     runs = {("k1", 1): (80.0, 70.0), ("k1", 2): (90.0, 71.0), ("k10", 1): (81.0, 75.0), ("k10", 2): (79.0, 72.0),
             ("k10", 3): (83.0, 70.0)}
     for (cfg, seed), (dev, test) in runs.items():
@@ -222,7 +224,7 @@ def test_compare_runs_bleu_details_by_hand(tmp_path):
     exact, short = tmp_path / "exact.out", tmp_path / "short.out"
     exact.write_text(_generate_output(refs, refs))
     short.write_text(_generate_output([r.rsplit(" ", 1)[0] for r in refs], refs))
-    out = run_cli(["python", str(Path(__file__).resolve().parents[1] / "scripts" / "compare_runs.py"),
+    out = run_cli(["python", str(Path(__file__).resolve().parents[1] / "scripts" / "score" / "compare_runs.py"),
                    "--control", "exact", f"exact={exact}", f"short={short}", "--bleu-details", "--bootstrap", "50"]
                   ).stdout.splitlines()
     assert out[-2] == "| exact | 1.000 | 1.000 | 100.00 | 100.00 | 100.00 | 100.00 |"
@@ -230,7 +232,7 @@ def test_compare_runs_bleu_details_by_hand(tmp_path):
 
 
 def test_compare_runs_means_and_paired_tests(tmp_path):
-    """scripts/compare_runs.py on written runs of 60 sentences, two seeds each: a
+    """scripts/score/compare_runs.py on written runs of 60 sentences, two seeds each: a
     system equal to the references has BLEU 100, edit 0 and length 6 in every seed
     (std 0); the control is right in 1 sentence of 3 (the others are the reference
     reversed, edit > 0.5 on average); the perfect system beats it with pooled p < 0.01
@@ -253,7 +255,7 @@ def test_compare_runs_means_and_paired_tests(tmp_path):
             path.write_text(_generate_output(hyps, refs))
             files[name].append(str(path))
     out = tmp_path / "cmp.json"
-    run_cli(["python", "scripts/compare_runs.py", "--control", "ctrl", f"ctrl={','.join(files['ctrl'])}",
+    run_cli(["python", "scripts/score/compare_runs.py", "--control", "ctrl", f"ctrl={','.join(files['ctrl'])}",
              f"perfect={','.join(files['perfect'])}", f"copy={','.join(files['ctrl'])}", "--json", str(out),
              "--bootstrap", "200"])
     res = json.loads(out.read_text())
@@ -265,13 +267,13 @@ def test_compare_runs_means_and_paired_tests(tmp_path):
     assert res["perfect"]["p_value_pooled"]["bleu"] < 0.01 and res["perfect"]["p_value_pooled"]["edit"] < 0.01
     assert res["copy"]["diff"]["sentence_bleu"] == 0.0 and res["copy"]["p_value_pooled"]["sentence_bleu"] == 1.0
     with pytest.raises(AssertionError, match="paired by position"):
-        run_cli(["python", "scripts/compare_runs.py", "--control", "ctrl", f"ctrl={','.join(files['ctrl'])}",
+        run_cli(["python", "scripts/score/compare_runs.py", "--control", "ctrl", f"ctrl={','.join(files['ctrl'])}",
                  f"one={files['perfect'][0]}"])
     # text completion's non-termination (--max-len 8): a continuation of 8 tokens did not end; "long" has
     # 8 tokens in every other sentence of seed 1 and in none of seed 2
     long_hyps = [r + " a a" if i % 2 == 0 else r for i, r in enumerate(refs)]
     (tmp_path / "long1.out").write_text(_generate_output(long_hyps, refs))
-    run_cli(["python", "scripts/compare_runs.py", "--control", "perfect", f"perfect={','.join(files['perfect'])}",
+    run_cli(["python", "scripts/score/compare_runs.py", "--control", "perfect", f"perfect={','.join(files['perfect'])}",
              f"long={tmp_path / 'long1.out'},{files['perfect'][1]}", "--max-len", "8", "--metrics", "nonterm",
              "--json", str(out), "--bootstrap", "200"])
     res = json.loads(out.read_text())
@@ -285,7 +287,7 @@ def test_keep_results_keeps_scores_and_validation_lines_only(tmp_path):
     validation / epoch-end / done lines, checkpoints, generated text and the data directory stay behind;
     a recipe run restored from the kept files counts as scored (dss_table.py reads it)."""
     script = Path(__file__).resolve().parents[1] / "scripts" / "keep_results.py"
-    table = Path(__file__).resolve().parents[1] / "examples" / "dss_table.py"
+    table = Path(__file__).resolve().parents[1] / "examples" / "dss" / "table.py"
     work, dest = tmp_path / "work", tmp_path / "kept"
     run = work / "ss.k10.s1"
     run.mkdir(parents=True)
@@ -345,7 +347,7 @@ def test_keep_results_gen_keeps_what_a_paired_bootstrap_reads(tmp_path):
         assert [line.split("\t")[0] for line in f] == [f"{k}-{i}" for i in range(4) for k in "THD"]
 
     def bleu(where):
-        out = subprocess.run([sys.executable, str(root / "scripts" / "compare_runs.py"), "--control", "ce",
+        out = subprocess.run([sys.executable, str(root / "scripts" / "score" / "compare_runs.py"), "--control", "ce",
                               f"ce={where}/ce.s1/test.beam5.gen", f"sys={where}/sys.s1/test.beam5.gen",
                               "--metrics", "bleu", "--bootstrap", "50", "--json", str(tmp_path / "c.json")],
                              check=True, capture_output=True, text=True)
@@ -356,23 +358,21 @@ def test_keep_results_gen_keeps_what_a_paired_bootstrap_reads(tmp_path):
 
 
 def test_dss_table_welch_p_values_match_t_tables(tmp_path):
-    """dss_table.py --control: Welch's two-sided p from its own incomplete beta against printed t tables
+    """dss_table.py --control: Welch's two-sided p (fairseq_ext.evaluation.comparison's incomplete beta) against printed t tables
     (df 1, 4, 10 at their 5% / 1% critical values) and a hand-computed Welch case (1,2,3 vs 4,5,6: t = -3.674,
     df = 4, p = 0.0213), and the column it prints for two runs."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-    import dss_table
     for df, t, p in ((1, 12.706, 0.05), (4, 2.776, 0.05), (10, 3.169, 0.01), (4, 4.604, 0.01)):
-        assert dss_table.betainc(df / 2, 0.5, df / (df + t * t)) == pytest.approx(p, abs=2e-4)
-    diff, p = dss_table.welch([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+        assert comparison.betainc(df / 2, 0.5, df / (df + t * t)) == pytest.approx(p, abs=2e-4)
+    diff, p = comparison.welch([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
     assert diff == -3.0 and p == pytest.approx(0.0213, abs=1e-4)
-    assert dss_table.welch([1.0], [2.0, 3.0])[1] is None
+    assert comparison.welch([1.0], [2.0, 3.0])[1] is None
     for name, f1s in (("ce_ft", (75.0, 76.0, 74.0)), ("dl", (77.0, 78.0, 76.0))):
         for seed, f1 in enumerate(f1s, 1):
             run = tmp_path / f"{name}.s{seed}"
             run.mkdir()
             for split in ("valid", "test"):
                 (run / f"{split}.hard.json").write_text(json.dumps({"scheme": "chunk", "f1": f1}))
-    script = Path(__file__).resolve().parents[1] / "examples" / "dss_table.py"
+    script = Path(__file__).resolve().parents[1] / "examples" / "dss" / "table.py"
     rows = subprocess.run([sys.executable, str(script), str(tmp_path), "ce_ft", "dl", "--suffix", ".hard", "--std",
                            "--control", "ce_ft", "--markdown"], check=True, capture_output=True,
                           text=True).stdout.splitlines()

@@ -11,7 +11,7 @@ from conftest import REPO, run_cli
 
 from fairseq_ext.synthetic.label_bias import accuracies, label_bias_sentence, write_label_bias_data
 
-# Measured with examples/soft_beam_label_bias.py (docs/soft_beam.md, "Label bias": 3 seeds,
+# Measured with examples/soft_beam/label_bias.py (docs/soft_beam.md, "Label bias": 3 seeds,
 # left-to-right encoder, beam 3, 1,116 future positions): `local` 50.8 +- 1.2, `global_ce`
 # 93.5 +- 11.1 (seeds 99.9, 80.6, 100.0; the 80.6 seed sits on a zero-gradient plateau). Two
 # models at chance differ by ~3.3 points (std) on the ~450 future positions of this test's
@@ -62,7 +62,7 @@ def test_global_soft_beam_beats_local_on_future_labels(tmp_path):
     positions (measured: 100.0 vs 51.7 on 443 positions). Checked to fail: with the
     global run's --normalization set to local in the driver, 51.7 vs 51.7."""
     work = str(tmp_path)
-    run_cli(["python", os.path.join(REPO, "examples", "soft_beam_label_bias.py"), work, "--seeds", "1",
+    run_cli(["python", os.path.join(REPO, "examples", "soft_beam", "label_bias.py"), work, "--seeds", "1",
              "--encoders", "uni", "--only", "local", "global_ce", "--decodes", "beam", "--train", "1000",
              "--test", "200", "--pre-epochs", "4", "--ft-epochs", "6"], env={"OMP_NUM_THREADS": "1"})
     diff, glob, loc = gap(work)

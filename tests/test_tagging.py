@@ -14,7 +14,7 @@ from conftest import REPO, run_cli
 from fairseq_ext.core import tagging_metrics
 from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
 
-SCORER = os.path.join(REPO, "scripts", "score_tagging.py")
+SCORER = os.path.join(REPO, "scripts", "score", "score_tagging.py")
 
 # --------------------------------------------------------------------- helpers
 

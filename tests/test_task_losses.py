@@ -10,10 +10,10 @@ from fairseq_ext.core.task_losses import (
     build_task_loss,
     detect_subword_scheme,
     parse_label_weights,
-    pooled_mean,
     register_task_loss,
     task_loss_names,
 )
+from fairseq_ext.runtime.distributed import pooled_mean
 
 FAST = settings(max_examples=50, deadline=None)
 vocab = st.sampled_from(["a", "b", "c", "the", "cat", "sat"])

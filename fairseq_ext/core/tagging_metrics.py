@@ -20,8 +20,7 @@ conlleval semantics, reproduced exactly (``conlleval_counts``):
   (``f1_macro``: the mean over types, the thesis's Table 4.2 caption says macro F1);
 - accuracy = tokens whose whole label is correct / tokens.
 
-Pure Python, no torch or fairseq: ``scripts/score_tagging.py`` loads this file by
-path.
+Pure Python, no torch or fairseq.
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ fairseq scorer) lives in a fairseq adapter, which registers it here with
 
 This module imports only torch (sacrebleu and editdistance lazily, when a loss
 that needs them is built) and nothing else from the package, so
-``scripts/score.py`` can load it by file path without importing fairseq.
+``scripts/score/score.py`` can load it by file path without importing fairseq.
 """
 from __future__ import annotations
 
@@ -36,7 +36,6 @@ import math
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 import torch
-import torch.distributed as dist
 
 Token = Union[int, str]
 TokenSeq = Union[Sequence[Token], torch.Tensor]
@@ -369,29 +368,3 @@ def detect_subword_scheme(symbols: Iterable[str], min_share: float = 0.05) -> tu
         return None, 0.0
     scheme, share = ("sentencepiece", sp / n) if sp >= bpe else ("subword_nmt", bpe / n)
     return (scheme if share > 0 and share >= min_share else None), share
-
-
-def pooled_mean(costs: torch.Tensor) -> torch.Tensor:
-    """Mean of ``costs`` pooled over all data-parallel workers.
-
-    Each worker contributes (sum, count) of its elements, all-reduced when
-    ``torch.distributed`` is initialized; the result is sum / count, or 0 when
-    no worker has any element. Every worker must call it (it is a collective).
-
-    Args:
-        costs: any shape, typically (B,); all elements are pooled. May be empty.
-
-    Returns:
-        0-dim tensor (detached, dtype and device of ``costs``).
-    """
-    costs = costs.detach()
-    count = torch.tensor(float(costs.numel()), dtype=torch.float64, device=costs.device)
-    stats = torch.stack([costs.sum(dtype=torch.float64), count])
-    if dist.is_available() and dist.is_initialized():
-        if dist.get_backend() == "nccl" and stats.device.type != "cuda":
-            stats = stats.cuda()
-        dist.all_reduce(stats, op=dist.ReduceOp.SUM)
-    total, count = stats.tolist()
-    mean = total / count if count > 0 else 0.0
-    dtype = costs.dtype if costs.dtype.is_floating_point else torch.float32
-    return torch.tensor(mean, dtype=dtype, device=costs.device)

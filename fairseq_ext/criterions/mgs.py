@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 from fairseq import metrics, utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
@@ -31,9 +30,8 @@ from omegaconf import II
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.mgs import IMPORTANCE, NOISE_SCALES, PROPOSALS, ParameterSearch, ProposalConfig
 from fairseq_ext.core.mgs import clip_grad_, mgs_weights, mix_seed, weight_stats
-from fairseq_ext.core.task_losses import pooled_mean
 from fairseq_ext.runtime.clock import TrainingClock, check_model_at_start
-from fairseq_ext.runtime.distributed import unwrap
+from fairseq_ext.runtime.distributed import all_reduce_sum_, pooled_mean, unwrap
 from fairseq_ext.decoding.candidates import DecodeConfig
 from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.decoding.scoring import BatchScorer, check_candidate_model
@@ -82,12 +80,6 @@ class MGSConfig(FairseqDataclass):
     )
     mgs_post_process: str = field(default="auto", metadata={"help": POST_PROCESS_HELP})
     seed: int = II("common.seed")
-
-
-def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return t
 
 
 @register_criterion("mgs", dataclass=MGSConfig)
@@ -154,9 +146,9 @@ class MGSCriterion(FairseqCriterion):
         grads = torch.autograd.grad(nll, params, allow_unused=True)
         grads = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)]
         local_ntokens = float(target.ne(self.padding_idx).sum())
-        ntokens = _all_reduce_sum(torch.tensor(local_ntokens, dtype=torch.float64, device=nll.device))
+        ntokens = all_reduce_sum_(torch.tensor(local_ntokens, dtype=torch.float64, device=nll.device))
         for g in grads:
-            _all_reduce_sum(g)
+            all_reduce_sum_(g)
             g.div_(max(float(ntokens), 1.0))
         return params, grads, float(nll.detach()), local_ntokens
 

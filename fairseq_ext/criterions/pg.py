@@ -18,8 +18,8 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.risk import MovingAverageBaseline, leave_one_out_baseline, reinforce_loss
-from fairseq_ext.core.task_losses import pooled_mean
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
+from fairseq_ext.runtime.distributed import pooled_mean
 from fairseq_ext.decoding.candidates import DecodeConfig
 from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.decoding.scoring import BatchScorer

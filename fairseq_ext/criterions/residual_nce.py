@@ -41,7 +41,7 @@ class ResidualNCECriterion(FairseqCriterion):
 
     def forward(self, model, sample, reduce=True):
         if "negatives" not in sample:
-            raise ConfigError("residual_nce: this split has no negatives: run scripts/sample_negatives.py "
+            raise ConfigError("residual_nce: this split has no negatives: run scripts/prepare/sample_negatives.py "
                              "(it writes {split}.negatives.pt next to the data or into --negatives-dir)")
         pos, neg = sample["positive"], sample["negatives"]  # (B, T), (B, m, T)
         bsz, m, length = neg.shape

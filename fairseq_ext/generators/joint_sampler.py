@@ -82,7 +82,7 @@ class JointSampler:
     in fairseq-generate's format: ``tokens`` the continuation (L,), ``score`` -E,
     ``positional_scores`` the base LM's token log-probabilities, ``energy``;
     ``propose(energy_model, prefixes)`` its first two steps, all n proposals and
-    their energies (scripts/eval_residual.py resamples from them itself).
+    their energies (scripts/score/eval_residual.py resamples from them itself).
     """
 
     def __init__(self, base_lm, length: int, n: int, topk: int = 0, num_outputs: int = 1,

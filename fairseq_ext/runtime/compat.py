@@ -228,7 +228,7 @@ def patch_resume_batches() -> None:
     epoch (for datasets whose sizes do not change across epochs). An uninterrupted run
     builds it in epoch 1; a run resumed from a checkpoint of epoch e builds it in epoch
     e, so sentences of equal length are grouped into other batches and the model drifts
-    away from the uninterrupted run's (``scripts/resume_exactness.sh``: the first batch
+    away from the uninterrupted run's (``scripts/inspect/resume_exactness.sh``: the first batch
     after the resume meets the same parameters but holds other sentences). Here the
     batches of a reusable iterator are always cut with epoch 1's seed; the iterator still
     starts at the requested epoch, so the per-epoch shuffling of the batch order
@@ -240,7 +240,7 @@ def patch_resume_batches() -> None:
     of a later epoch without resetting the data loader (a resumed run, ``--restore-file``
     without ``--reset-dataloader``; ``--finetune-from-model`` resets it and is unaffected);
     ``FAIRSEQ_EXT_EXACT_RESUME=0`` repeats such a run as plain fairseq cut it
-    (``examples/dss_multi30k.sh`` pins it: its published runs resume a copied warm-up
+    (``examples/dss/multi30k.sh`` pins it: its published runs resume a copied warm-up
     checkpoint of epoch 1 and were made without the patch). Datasets that rebuild their batches every epoch
     (``can_reuse_epoch_itr_across_epochs`` false, a task config with ``rebuild_batches``,
     ``disable_iterator_cache``) are already exact and left alone."""

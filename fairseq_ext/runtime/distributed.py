@@ -1,4 +1,6 @@
-"""Criterions under fairseq's data-parallel wrappers (docs/distributed.md).
+"""Criterions under fairseq's data-parallel training (docs/distributed.md): the one module
+for the plugin's collectives (``all_reduce_sum_``, ``pooled_mean``) and for running a
+criterion's own decoding under fairseq's DDP wrappers.
 
 fairseq hands a criterion the wrapped model: ``ModuleProxyWrapper`` around torch's
 ``DistributedDataParallel`` (``--ddp-backend c10d`` / ``pytorch_ddp``, the default)
@@ -18,7 +20,43 @@ calls are plain forwards. Without DDP, in evaluation mode or without gradients i
 is just ``fn(module, *args)``.
 """
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+
+
+def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
+    """Sum ``t`` in place over the data-parallel workers when ``torch.distributed`` is
+    initialized with more than one (a collective: every worker must call it); returns
+    ``t``. A CPU tensor under the NCCL backend is reduced through a CUDA copy."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return t
+    if dist.get_backend() == "nccl" and t.device.type != "cuda":
+        on_gpu = t.cuda()
+        dist.all_reduce(on_gpu, op=dist.ReduceOp.SUM)
+        return t.copy_(on_gpu)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def pooled_mean(costs: torch.Tensor) -> torch.Tensor:
+    """Mean of ``costs`` pooled over all data-parallel workers.
+
+    Each worker contributes (sum, count) of its elements (``all_reduce_sum_``); the
+    result is sum / count, or 0 when no worker has any element. Every worker must
+    call it.
+
+    Args:
+        costs: any shape, typically (B,); all elements are pooled. May be empty.
+
+    Returns:
+        0-dim tensor (detached, dtype and device of ``costs``).
+    """
+    costs = costs.detach()
+    count = torch.tensor(float(costs.numel()), dtype=torch.float64, device=costs.device)
+    total, count = all_reduce_sum_(torch.stack([costs.sum(dtype=torch.float64), count])).tolist()
+    mean = total / count if count > 0 else 0.0
+    dtype = costs.dtype if costs.dtype.is_floating_point else torch.float32
+    return torch.tensor(mean, dtype=dtype, device=costs.device)
 
 
 def unwrap(model):

@@ -47,7 +47,6 @@ import argparse
 import json
 import os
 import random
-import sys
 from typing import Dict, List, Sequence, Tuple
 
 FUTURE_LABELS = ("A", "B")  # gold labels of the future-dependent positions
@@ -106,12 +105,10 @@ def accuracies(hyps: List[List[str]], refs: List[List[str]]) -> Dict[str, float]
 
 def score_generate_output(path: str) -> Dict[str, float]:
     """``accuracies`` of a fairseq-generate output file (its H- and T- lines)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-    from score_tagging import read_generate_output  # noqa: E402  (scripts/ is not a package)
+    from fairseq_ext.evaluation.generate_output import read_generate_file
 
-    with open(path, encoding="utf-8") as f:
-        hyps, refs = read_generate_output(f, path)
-    return accuracies(hyps, refs)
+    g = read_generate_file(path)
+    return accuracies([h.split() for h in g.raw], [r.split() for r in g.references])
 
 
 def main(argv=None) -> None:

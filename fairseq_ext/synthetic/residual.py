@@ -15,7 +15,7 @@ distinct words of 1. A left-to-right LM that has not learned the "no repeat"
 constraint (a small one trained briefly) puts mass on repeats: its samples'
 share of distinct words is below 1 and its perplexity above the truth. The joint
 model P_LM exp(-E) / Z can fix both with a bidirectional energy (Deng et al., 2020,
-section 4), and both are measured against the truth (examples/residual_distinct.sh).
+section 4), and both are measured against the truth (examples/residual_ebm/distinct.sh).
 
     python -m fairseq_ext.synthetic.residual OUT_DIR [--vocab 12 --prefix-len 8 --continuation-len 6
         --train 4000 --valid 300 --test 300 --seed 1]

@@ -37,7 +37,9 @@ import argparse
 import json
 import os
 import random
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
+
+from fairseq_ext.evaluation.generate_output import Generated, read_generate_file
 
 
 def prefix_sum_pair(rng: random.Random, modulus: int, max_step: int, min_len: int,
@@ -62,24 +64,6 @@ def write_prefix_sum_data(out_dir: str, sizes: Sequence[int] = (4000, 300, 300),
             with open(os.path.join(out_dir, f"{split}.{ext}"), "w") as f:
                 f.writelines(p[col] + "\n" for p in pairs)
     return out_dir
-
-
-def read_generate_output(text: str) -> Tuple[List[List[str]], List[List[str]]]:
-    """(hypotheses, references) as token lists, ordered by sentence id, from the
-    H- and T- lines of a ``fairseq-generate`` output."""
-    hyps, refs = {}, {}
-    for line in text.splitlines():
-        if line.startswith("H-"):
-            sid, _, toks = line[2:].split("\t", 2)
-            hyps[int(sid)] = toks.split()
-        elif line.startswith("T-"):
-            sid, toks = line[2:].split("\t", 1)
-            refs[int(sid)] = toks.split()
-    ids = sorted(refs)
-    missing = [i for i in ids if i not in hyps]
-    if missing:
-        raise ValueError(f"no hypothesis for sentence(s) {missing[:5]}")
-    return [hyps[i] for i in ids], [refs[i] for i in ids]
 
 
 def position_accuracy(hyps: Sequence[Sequence[str]], refs: Sequence[Sequence[str]]) -> Dict:
@@ -109,6 +93,12 @@ def position_accuracy(hyps: Sequence[Sequence[str]], refs: Sequence[Sequence[str
     return {"token_acc": right / total, "seq_acc": sum(seq_correct) / len(refs), "n": len(refs),
             "by_position": {t: pos_right[t] / pos_total[t] for t in sorted(pos_total)},
             "seq_correct": seq_correct}
+
+
+def score_generate_output(generated: Generated) -> Dict:
+    """``position_accuracy`` of a fairseq-generate run (its H- and T- lines; see
+    ``fairseq_ext.evaluation.generate_output``)."""
+    return position_accuracy([h.split() for h in generated.raw], [r.split() for r in generated.references])
 
 
 def _checkpoint_batches(checkpoint: str, data_dir: str, split: str, size: int = 100):
@@ -224,8 +214,7 @@ def main(argv=None) -> None:
         print(f"recovered {scores['recovered']:.4f} followed {scores['followed']:.4f} n {scores['n']}")
         return
     if a.score:
-        with open(a.score) as f:
-            scores = position_accuracy(*read_generate_output(f.read()))
+        scores = score_generate_output(read_generate_file(a.score))
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(scores, f)

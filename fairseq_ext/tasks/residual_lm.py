@@ -6,12 +6,12 @@ non-overlapping blocks of ``--prefix-len`` + ``--continuation-len`` tokens (pape
 120 + 40; CPU defaults 24 + 8); a last incomplete block is dropped. The base
 language model P_LM (``--base-lm``, a fairseq ``transformer_lm`` checkpoint
 trained on the same dictionary) is loaded once, frozen, and used to sample
-negatives (``scripts/sample_negatives.py``, offline), to initialise the ``unit``
-energy model, to estimate log Z (``scripts/eval_residual.py``) and to propose
+negatives (``scripts/prepare/sample_negatives.py``, offline), to initialise the ``unit``
+energy model, to estimate log Z (``scripts/score/eval_residual.py``) and to propose
 continuations for the joint sampler (Algorithm 1) under ``fairseq-generate``.
 
 Negatives: ``{negatives-dir}/{split}.negatives.pt`` written by
-``scripts/sample_negatives.py``: n base-LM continuations per block, aligned with
+``scripts/prepare/sample_negatives.py``: n base-LM continuations per block, aligned with
 the blocks. In training, every positive gets ``--num-negatives`` m of them drawn
 uniformly without replacement (anew every epoch, as the paper samples from its
 stored set); other splits take the first m.
@@ -246,7 +246,7 @@ class ResidualLMTask(TaskBatching, FairseqTask):
                "num_blocks": stored["tokens"].size(0)}
         if got != expect:
             raise ConfigError(f"residual_lm: negatives {path} were sampled for {got}, but this run has {expect}: "
-                             f"rerun scripts/sample_negatives.py with the same --prefix-len/--continuation-len")
+                             f"rerun scripts/prepare/sample_negatives.py with the same --prefix-len/--continuation-len")
         topk = int(stored.get("topk", 0) or 0)
         if topk > 0 and not self.cfg.allow_topk_negatives:
             raise ConfigError(f"residual_lm: negatives {path} were sampled with --topk {topk}: NCE then learns "

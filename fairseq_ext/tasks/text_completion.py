@@ -11,7 +11,7 @@ S- line is the prefix, T- the reference continuation, H- the decoded continuatio
 (the forced prefix is stripped, and the H- score is the mean log-probability of
 the continuation tokens).
 
-Data: a directory made by ``scripts/prepare_wikitext_completion.py`` (``dict.txt``
+Data: a directory made by ``scripts/prepare/prepare_wikitext_completion.py`` (``dict.txt``
 and ``{train,valid,test}.{bin,idx}`` from ``fairseq-preprocess --only-source``).
 """
 import logging

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# IWSLT'14 De-En at paper scale: MGS paper Table 4 (MLE, MGS-sBLEU, MGS-edit, MRT,
+# PG on transformer_iwslt_de_en) and the thesis's LSTM models (chapter 3 DSS,
+# chapter 4 soft beam). Stages, in order:
+#   download   de-en.tgz (fairseq's mirror), or link IWSLT_RAW (the extracted de-en/)
+#   prepare    fairseq's prepare-iwslt14.sh with sacremoses + subword-nmt: lowercased,
+#              joint BPE of BPE_TOKENS types (scripts/prepare/prepare_translation.py)
+#   binarize   fairseq-preprocess (separate dictionaries, as fairseq's IWSLT example)
+#   mle        transformer_iwslt_de_en, fairseq's IWSLT settings + --clip-norm 1.0
+#              --patience -1 (MGS A.4); best checkpoint by valid BLEU (beam 5)
+#   mgs_sbleu  MGS fine-tuning from mle: 4 candidates, alpha 100, noise 1.0,
+#   mgs_edit   16k-token batches x update-freq 4 (A.4); sBLEU / edit task loss
+#   mrt, pg    the same fine-tuning budget with --criterion mrt / pg (sBLEU)
+#   lstm_ce    thesis MT model (1-layer BiLSTM encoder, LSTM decoder, 256 units), CE
+#   dss        DSS soft-argmax, alpha annealed x2 per epoch, eps inverse sigmoid k=10
+#   soft_beam  soft beam direct loss from lstm_ce: k=3, alpha 1 -> 100
+#   score      beam 5 (BLEU) and greedy (sBLEU, edit) on valid and test, one table
+#
+# usage: examples/mgs/iwslt14_de_en.sh WORK_DIR [--stage NAME]... [--from NAME] [--to NAME]
+#                                      [--force] [--dry-run] [--list]
+# env: IWSLT_RAW (the extracted de-en/ directory: skips the download), BPE_TOKENS (10000),
+#      MLE_EPOCHS (60), FT_EPOCHS (20), LSTM_EPOCHS (20), MODELS (what score scores: all
+#      trained), SPLITS ("valid test"), NGPU (GPUs; default from CUDA_VISIBLE_DEVICES /
+#      nvidia-smi), WORKERS (CPU count), PYTHON (python);
+#      EXTRA_TRAIN (appended to every fairseq-train), EXTRA_TRANSFORMER, EXTRA_LSTM
+#      (appended to those models' training: smaller models for smoke tests)
+set -euo pipefail
+. "$(dirname "$0")/../lib.sh"
+STAGES=(download prepare binarize mle mgs_sbleu mgs_edit mrt pg lstm_ce dss soft_beam score)
+PATH_VARS=(IWSLT_RAW)
+recipe_args "$@"
+URL=${IWSLT_URL:-http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz}
+BPE_TOKENS=${BPE_TOKENS:-10000}
+MLE_EPOCHS=${MLE_EPOCHS:-60}
+FT_EPOCHS=${FT_EPOCHS:-20}
+LSTM_EPOCHS=${LSTM_EPOCHS:-20}
+SPLITS=${SPLITS:-valid test}
+ORIG=$WORK/orig/de-en
+DATA=$WORK/data-bin
+
+if stage download; then
+  if [ -n "${IWSLT_RAW:-}" ]; then
+    run mkdir -p "$WORK/orig"
+    run ln -sfn "$IWSLT_RAW" "$ORIG"
+  else
+    run mkdir -p "$WORK/orig"
+    run wget -nv -O "$WORK/orig/de-en.tgz" "$URL"
+    run tar -xzf "$WORK/orig/de-en.tgz" -C "$WORK/orig"
+  fi
+  stage_done download
+fi
+
+if stage prepare; then
+  run "$PYTHON" scripts/prepare/prepare_translation.py "$WORK/prep" --src de --tgt en \
+    --train "$ORIG/train.tags.de-en.{l}" --iwslt-tags --valid-every 23 \
+    --test "$ORIG/IWSLT14.TED.dev2010.de-en.{l}.xml" "$ORIG/IWSLT14.TEDX.dev2012.de-en.{l}.xml" \
+    "$ORIG/IWSLT14.TED.tst2010.de-en.{l}.xml" "$ORIG/IWSLT14.TED.tst2011.de-en.{l}.xml" \
+    "$ORIG/IWSLT14.TED.tst2012.de-en.{l}.xml" \
+    --lowercase --min-len 1 --max-len 175 --ratio 1.5 --bpe-tokens "$BPE_TOKENS" --workers "$WORKERS"
+  stage_done prepare
+fi
+
+if stage binarize; then
+  run rm -rf "$DATA"
+  run_log "$WORK/logs/binarize.log" fairseq-preprocess --source-lang de --target-lang en \
+    --trainpref "$WORK/prep/train" --validpref "$WORK/prep/valid" --testpref "$WORK/prep/test" \
+    --destdir "$DATA" --workers "$WORKERS"
+  stage_done binarize
+fi
+
+# fairseq's IWSLT'14 transformer recipe (examples/translation/README.md), selected by valid BLEU
+TRANSFORMER=(--arch transformer_iwslt_de_en --share-decoder-input-output-embed --dropout 0.3 --weight-decay 0.0001
+  --optimizer adam --adam-betas '(0.9, 0.98)' --lr 5e-4 --lr-scheduler inverse_sqrt --warmup-updates 4000
+  --clip-norm 1.0 --patience -1)
+BLEU_VALID=(--eval-bleu --eval-bleu-args '{"beam": 5, "max_len_a": 1.2, "max_len_b": 10}' --eval-bleu-detok moses
+  --eval-bleu-remove-bpe --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
+if stage mle; then
+  # shellcheck disable=SC2086
+  train mle "$DATA" "${TRANSFORMER[@]}" "${BLEU_VALID[@]}" --criterion label_smoothed_cross_entropy \
+    --label-smoothing 0.1 --max-tokens 4096 --update-freq "$(update_freq 1)" --max-epoch "$MLE_EPOCHS" \
+    ${EXTRA_TRANSFORMER:-}
+  stage_done mle
+fi
+
+# MGS A.4: fine-tuning from the MLE model with the same hyper-parameters, 16k-token batches x 4
+finetune() {  # STAGE batch and criterion options...
+  local name=$1; shift
+  # shellcheck disable=SC2086
+  train "$name" "$DATA" "${TRANSFORMER[@]}" "${BLEU_VALID[@]}" --finetune-from-model "$WORK/mle/checkpoint_best.pt" \
+    --max-epoch "$FT_EPOCHS" "$@" ${EXTRA_TRANSFORMER:-}
+}
+# MGS searches once per micro-batch with costs pooled over the GPUs (docs/distributed.md): 16k
+# tokens over all GPUs and update-freq 4 are the paper's four 16k-token searches per update
+MGS=(--max-tokens $((16000 / (NGPU > 1 ? NGPU : 1))) --update-freq 4 --criterion mgs --mgs-candidates 4
+  --mgs-alpha 100 --mgs-noise 1.0 --mgs-post-process subword_nmt)
+RISK=(--max-tokens 16000 --update-freq "$(update_freq 4)")  # MRT / PG losses are sums: 64k tokens per update
+if stage mgs_sbleu; then finetune mgs_sbleu "${MGS[@]}" --mgs-task-loss sbleu; stage_done mgs_sbleu; fi
+if stage mgs_edit; then finetune mgs_edit "${MGS[@]}" --mgs-task-loss edit; stage_done mgs_edit; fi
+if stage mrt; then
+  finetune mrt "${RISK[@]}" --criterion mrt --mrt-task-loss sbleu --mrt-candidates 4 --mrt-post-process subword_nmt
+  stage_done mrt
+fi
+if stage pg; then
+  finetune pg "${RISK[@]}" --criterion pg --pg-task-loss sbleu --pg-samples 4 --pg-post-process subword_nmt
+  stage_done pg
+fi
+
+# thesis chapter 3: 1-layer BiLSTM encoder, 1-layer LSTM decoder with attention, 256 units; every
+# LSTM run uses the DSS criterion (with --dss-warmup 1e12 it is exactly cross-entropy)
+LSTM=(--arch lstm --encoder-layers 1 --decoder-layers 1 --encoder-bidirectional --encoder-embed-dim 256
+  --encoder-hidden-size 256 --decoder-embed-dim 256 --decoder-hidden-size 256 --decoder-out-embed-dim 256
+  --dropout 0.2 --optimizer adam --lr 0.001 --clip-norm 1.0 --max-tokens 4096 --update-freq "$(update_freq 1)"
+  "${BLEU_VALID[@]}")
+if stage lstm_ce; then
+  # shellcheck disable=SC2086
+  train lstm_ce "$DATA" "${LSTM[@]}" --criterion differentiable_scheduled_sampling --dss-warmup 1e12 \
+    --max-epoch "$LSTM_EPOCHS" ${EXTRA_LSTM:-}
+  stage_done lstm_ce
+fi
+if stage dss; then
+  # teacher forcing in epoch 1, then eps = k / (k + exp(t / k)) per epoch, alpha x2 per epoch (Table 3.1)
+  # shellcheck disable=SC2086
+  train dss "$DATA" "${LSTM[@]}" --criterion differentiable_scheduled_sampling --dss-mode soft-argmax \
+    --dss-schedule inverse_sigmoid --dss-schedule-unit epoch --dss-warmup 1 --dss-decay-k 10 --dss-alpha 1 \
+    --dss-alpha-growth 2 --max-epoch "$LSTM_EPOCHS" ${EXTRA_LSTM:-}
+  stage_done dss
+fi
+if stage soft_beam; then
+  # chapter 4: fine-tune the CE model through the relaxed beam (k = 3), alpha annealed 1 -> 100
+  # shellcheck disable=SC2086
+  train soft_beam "$DATA" "${LSTM[@]}" --finetune-from-model "$WORK/lstm_ce/checkpoint_best.pt" \
+    --criterion soft_beam_direct_loss --soft-beam-size 3 --soft-beam-alpha 1 \
+    --soft-beam-alpha-schedule exponential --soft-beam-alpha-final 100 --soft-beam-alpha-updates 4000 \
+    --normalization local --max-epoch "$FT_EPOCHS" ${EXTRA_LSTM:-}
+  stage_done soft_beam
+fi
+
+if stage score; then
+  models=${MODELS:-}
+  if [ -z "$models" ]; then
+    for m in mle mgs_sbleu mgs_edit mrt pg lstm_ce dss soft_beam; do
+      [ "$DRY_RUN" = 1 ] || [ -s "$WORK/$m/checkpoint_best.pt" ] && models+=" $m"
+    done
+  fi
+  rows=()
+  for m in $models; do
+    for split in $SPLITS; do
+      for beam in 5 1; do
+        out=$WORK/gen/$m.$split.beam$beam
+        run_log "$out.txt" fairseq-generate "$DATA" --user-dir fairseq_ext "${GEN_DEVICE[@]}" \
+          --path "$WORK/$m/checkpoint_best.pt" --gen-subset "$split" --beam "$beam" --batch-size 128 \
+          --required-batch-size-multiple 1 --remove-bpe --max-len-a 1.2 --max-len-b 10
+        run_log "$out.score" "$PYTHON" scripts/score/score.py "$out.txt" --json "$out.json"
+        rows+=("$m/$split/beam$beam=$out.json")
+      done
+    done
+  done
+  run "$PYTHON" scripts/score/print_table.py "${rows[@]}"
+  [ "$DRY_RUN" = 1 ] || grep -H "BLEU4" "$WORK"/gen/*.beam5.txt | sed "s|$WORK/gen/||" || true
+  stage_done score
+fi
