@@ -34,7 +34,7 @@ for _name in ("fairseq", "fairseq_cli"):
 import torch
 from fairseq import options, utils
 
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models, toy
 
 import timing  # bench/timing.py, beside this script
 
@@ -54,11 +54,11 @@ ROWS = {
 def build(data: str, quick: bool, device: torch.device):
     """(task, model, the criterions of ROWS) sharing one task and model."""
     arch = [] if quick else timing.TRANSFORMER
-    task, model, _ = toy.build_task_and_model(data, "translation", "transformer", arch + ["--dropout", "0.1"])
+    task, model, _ = tiny_models.build_task_and_model(data, "translation", "transformer", arch + ["--dropout", "0.1"])
     crits = {}
     for row, extra in ROWS.items():
         argv = [data, "--task", "translation", "--user-dir", os.path.join(REPO, "fairseq_ext")]
-        args = options.parse_args_and_arch(options.get_training_parser(), argv + toy.TINY_ARCHS["transformer"] + extra)
+        args = options.parse_args_and_arch(options.get_training_parser(), argv + tiny_models.TINY_ARCHS["transformer"] + extra)
         crits[row] = task.build_criterion(args)
     return task, model.to(device).train(), crits
 

@@ -62,13 +62,13 @@ import torch
 from fairseq import search, utils
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models, toy
 from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates
 from fairseq_ext.tasks.text_completion import prefix_sample
 
 import timing  # bench/timing.py, beside this script
 
-# appended after toy.TINY_ARCHS[arch]: argparse keeps the last value of a repeated option
+# appended after tiny_models.TINY_ARCHS[arch]: argparse keeps the last value of a repeated option
 MODERATE_ARCHS = {
     "transformer": timing.TRANSFORMER,
     "lstm": ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "256",
@@ -93,7 +93,7 @@ def build_models(tmp: str, quick: bool) -> List[Tuple[str, object, object]]:
         extra = [] if quick else list(MODERATE_ARCHS[arch])
         if task_name == "text_completion":
             extra += ["--context-size", "3"]
-        task, model, _ = toy.build_task_and_model(data, task_name, arch, extra)
+        task, model, _ = tiny_models.build_task_and_model(data, task_name, arch, extra)
         task.load_dataset("valid")
         out.append((arch, task, model.eval()))
     return out

@@ -38,7 +38,7 @@ import torch
 from fairseq import utils
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion
 
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models, toy
 from fairseq_ext.criterions.scheduled_sampling import DifferentiableScheduledSampling
 
 import timing  # bench/timing.py, beside this script
@@ -49,7 +49,7 @@ ARCHS = {
              "--decoder-embed-dim", "256", "--encoder-hidden-size", "256", "--decoder-hidden-size", "256",
              "--decoder-out-embed-dim", "256"],
 }
-QUICK_ARCHS = {name: toy.TINY_ARCHS[name] for name in ARCHS}
+QUICK_ARCHS = {name: tiny_models.TINY_ARCHS[name] for name in ARCHS}
 VARIANTS = [("dss soft-argmax", "soft-argmax", 0), ("dss hard-argmax", "hard-argmax", 0),
             ("dss soft-argmax P=2", "soft-argmax", 2), ("dss soft-argmax P=3", "soft-argmax", 3)]
 
@@ -62,7 +62,7 @@ def step(model, sample: Dict, criterion) -> None:
 
 def bench_arch(data: str, arch: str, arch_args: List[str], args, device: torch.device) -> List[Dict]:
     # the tiny arch's options overridden by ``arch_args`` (argparse: the last value wins)
-    task, model, _ = toy.build_task_and_model(data, "translation", arch, arch_args, seed=args.seed)
+    task, model, _ = tiny_models.build_task_and_model(data, "translation", arch, arch_args, seed=args.seed)
     model = model.to(device).train()
     task.load_dataset("train")
     ds = task.dataset("train")

@@ -77,14 +77,14 @@ import torch
 from fairseq import utils
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models, toy
 from fairseq_ext.core.mgs import ParameterSearch, clip_grad_
 from fairseq_ext.criterions.mgs import MGSCriterion
 from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
 
 import timing  # bench/timing.py, beside this script
 
-# appended after toy.TINY_ARCHS["transformer"]: argparse keeps the last value of a repeated option
+# appended after tiny_models.TINY_ARCHS["transformer"]: argparse keeps the last value of a repeated option
 SPEED_ARCH = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
               "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
               "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
@@ -105,7 +105,7 @@ def prepare_data(tmp: str, quick: bool) -> str:
 
 def build(data: str, arch_extra: List[str], seed: int, device: torch.device):
     """(task, model in train mode on ``device``) for the toy translation task."""
-    task, model, _ = toy.build_task_and_model(data, "translation", "transformer", arch_extra, seed=seed)
+    task, model, _ = tiny_models.build_task_and_model(data, "translation", "transformer", arch_extra, seed=seed)
     task.load_dataset("train")
     return task, model.to(device).train()
 

@@ -33,7 +33,7 @@ for _name in ("fairseq", "fairseq_cli"):
 
 import torch
 
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models, toy
 from fairseq_ext.core import mcmc
 from fairseq_ext.generators.mh_sampler import cmlm_logits_fn, forbidden_symbols
 
@@ -85,7 +85,7 @@ def main():
         raw = toy.write_toy_data(os.path.join(tmp, "raw"), sizes=(max(64, args.batch_size), 10, 10), seed=1)
         data = toy.binarize_translation(raw, os.path.join(tmp, "bin"))
         shape = [] if args.quick else SHAPE
-        task, model, _ = toy.build_task_and_model(data, "translation_mh", "cmlm_transformer", shape)
+        task, model, _ = tiny_models.build_task_and_model(data, "translation_mh", "cmlm_transformer", shape)
         task.load_dataset("train")
     model = model.to(device).eval()
     ds = task.dataset("train")

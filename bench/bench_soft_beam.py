@@ -39,7 +39,7 @@ import torch
 from fairseq import utils
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion
 
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models, toy
 from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss
 
 import timing  # bench/timing.py, beside this script
@@ -54,13 +54,13 @@ def build(name: str, tmp: str, quick: bool, batch_size: int, device: torch.devic
         # the arch's own dropout (tiny 0, ner 0.2), not build_task_and_model's 0.1
         arch = ["--arch", "tagging_lstm_tiny", "--dropout", "0.0"] if quick else \
             ["--arch", "tagging_lstm_ner", "--dropout", "0.2"]
-        task, model, _ = toy.build_task_and_model(data, "sequence_tagging", "tagging_lstm",
+        task, model, _ = tiny_models.build_task_and_model(data, "sequence_tagging", "tagging_lstm",
                                                   ["--cache-dir", os.path.join(tmp, "cache")] + arch)
     else:
         raw = toy.write_toy_data(os.path.join(tmp, "raw"), sizes=(max(64, batch_size), 10, 10))
         data = toy.binarize_translation(raw, os.path.join(tmp, "bin"))
         arch = [] if quick else timing.TRANSFORMER
-        task, model, _ = toy.build_task_and_model(data, "translation", "transformer", arch)
+        task, model, _ = tiny_models.build_task_and_model(data, "translation", "transformer", arch)
     task.load_dataset("train")
     ds = task.dataset("train")
     sample = utils.apply_to_sample(lambda t: t.to(device), ds.collater([ds[i] for i in range(batch_size)]))

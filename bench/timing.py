@@ -11,7 +11,7 @@ import torch
 
 CLOCKS = {"process": time.process_time, "wall": time.perf_counter}
 
-# the step benchmarks' transformer (overrides of toy.TINY_ARCHS["transformer"]): 3+3 layers, 256 / 1024, 4 heads
+# the step benchmarks' transformer (overrides of tiny_models.TINY_ARCHS["transformer"]): 3+3 layers, 256 / 1024, 4 heads
 TRANSFORMER = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
                "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
                "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]

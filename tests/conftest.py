@@ -13,7 +13,7 @@ import time
 import pytest
 
 from fairseq_ext.evaluation.generate_output import parse as parse_generate_output
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models, toy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,14 +36,14 @@ def toy_lm_bin(toy_raw, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_models(toy_bin, toy_lm_bin):
+def untrained_models(toy_bin, toy_lm_bin):
     """Untrained tiny models: {'transformer', 'lstm'} on the translation task and
     'transformer_lm' on text_completion (context size 3), each as (task, model)."""
     out = {}
     for arch in ("transformer", "lstm"):
-        task, model, _ = toy.build_task_and_model(toy_bin, "translation", arch)
+        task, model, _ = tiny_models.build_task_and_model(toy_bin, "translation", arch)
         out[arch] = (task, model)
-    task, model, _ = toy.build_task_and_model(toy_lm_bin, "text_completion", "transformer_lm", ["--context-size", "3"])
+    task, model, _ = tiny_models.build_task_and_model(toy_lm_bin, "text_completion", "transformer_lm", ["--context-size", "3"])
     out["transformer_lm"] = (task, model)
     return out
 

@@ -17,8 +17,8 @@ def _batch(task, split="valid", n=6):
     return ds.collater([ds[i] for i in range(n)])
 
 
-def _setup(tiny_models, arch):
-    task, model = tiny_models[arch]
+def _setup(untrained_models, arch):
+    task, model = untrained_models[arch]
     sample = _batch(task)
     prefix = None
     if arch == "transformer_lm":
@@ -58,12 +58,12 @@ def _output_layer(model):
     [("transformer", 1), ("transformer", 0), ("lstm", 1), ("lstm", 0), ("transformer_lm", 0)],
 )
 @pytest.mark.parametrize("eos_bias", [0.0, 3.0])
-def test_greedy_matches_sequence_generator(tiny_models, arch, min_len, eos_bias):
+def test_greedy_matches_sequence_generator(untrained_models, arch, min_len, eos_bias):
     """Row by row identical tokens and scores. A forward hook raises the EOS logit
     so that rows also end early, at different steps. (For a decoder-only model
     SequenceGenerator counts the prompt towards min_len, we count generated tokens
     only, so the LM case is compared with min_len=0.)"""
-    task, model, sample, prefix = _setup(tiny_models, arch)
+    task, model, sample, prefix = _setup(untrained_models, arch)
     eos = task.target_dictionary.eos()
     handle = _output_layer(model).register_forward_hook(
         lambda m, i, out: out.index_add(-1, torch.tensor([eos]), torch.full(out.shape[:-1] + (1,), eos_bias))
@@ -92,8 +92,8 @@ def test_greedy_matches_sequence_generator(tiny_models, arch, min_len, eos_bias)
         assert cand.scores[i].item() == pytest.approx(ref_scores.sum().item(), abs=1e-4)
 
 
-def test_min_len_bans_early_eos(tiny_models):
-    task, model, sample, _ = _setup(tiny_models, "transformer")
+def test_min_len_bans_early_eos(untrained_models):
+    task, model, sample, _ = _setup(untrained_models, "transformer")
     eos = task.target_dictionary.eos()
     handle = _output_layer(model).register_forward_hook(
         lambda m, i, out: out.index_add(-1, torch.tensor([eos]), torch.full(out.shape[:-1] + (1,), 50.0))
@@ -108,8 +108,8 @@ def test_min_len_bans_early_eos(tiny_models):
 
 
 @pytest.mark.parametrize("arch", ["transformer", "lstm"])
-def test_scores_equal_teacher_forced_log_probs(tiny_models, arch):
-    task, model, sample, _ = _setup(tiny_models, arch)
+def test_scores_equal_teacher_forced_log_probs(untrained_models, arch):
+    task, model, sample, _ = _setup(untrained_models, arch)
     cand = decode_candidates(
         model, sample, DecodeConfig(strategy="sample", num_candidates=3, max_len_b=8), generator=torch.Generator().manual_seed(3)
     )
@@ -130,8 +130,8 @@ def test_scores_equal_teacher_forced_log_probs(tiny_models, arch):
     assert torch.allclose(tok, cand.scores, atol=1e-4)
 
 
-def test_sampling_shapes_seed_and_mode_restored(tiny_models):
-    task, model, sample, _ = _setup(tiny_models, "transformer")
+def test_sampling_shapes_seed_and_mode_restored(untrained_models):
+    task, model, sample, _ = _setup(untrained_models, "transformer")
     model.train()
     cfg = DecodeConfig(strategy="sample", num_candidates=4, topk=5, max_len_b=9)
     a = decode_candidates(model, sample, cfg, generator=torch.Generator().manual_seed(7))
@@ -146,15 +146,15 @@ def test_sampling_shapes_seed_and_mode_restored(tiny_models):
         assert row[n:].eq(task.target_dictionary.pad()).all()
 
 
-def test_topk1_sampling_equals_greedy(tiny_models):
-    task, model, sample, prefix = _setup(tiny_models, "transformer_lm")
+def test_topk1_sampling_equals_greedy(untrained_models):
+    task, model, sample, prefix = _setup(untrained_models, "transformer_lm")
     greedy = decode_candidates(model, sample, DecodeConfig(max_len_b=10), prefix_tokens=prefix)
     s = decode_candidates(model, sample, DecodeConfig(strategy="sample", topk=1, max_len_b=10), prefix_tokens=prefix)
     assert torch.equal(greedy.tokens, s.tokens)
 
 
-def test_beam_returns_nbest_and_ref_ratio_limit(tiny_models):
-    task, model, sample, _ = _setup(tiny_models, "transformer")
+def test_beam_returns_nbest_and_ref_ratio_limit(untrained_models):
+    task, model, sample, _ = _setup(untrained_models, "transformer")
     cfg = DecodeConfig(strategy="beam", num_candidates=2, beam_size=3, max_len_ref_ratio=1.3)
     cand = decode_candidates(model, sample, cfg)
     longest = int(sample["target"].ne(task.target_dictionary.pad()).sum(1).max())
@@ -170,10 +170,10 @@ def test_bad_config_errors():
 
 
 @pytest.mark.parametrize("arch", ["transformer", "lstm", "transformer_lm"])
-def test_sequence_log_probs_equal_decoder_scores(tiny_models, arch):
+def test_sequence_log_probs_equal_decoder_scores(untrained_models, arch):
     from fairseq_ext.decoding.candidates import sequence_log_probs
 
-    task, model, sample, prefix = _setup(tiny_models, arch)
+    task, model, sample, prefix = _setup(untrained_models, arch)
     cand = decode_candidates(model, sample, DecodeConfig(strategy="sample", num_candidates=2, max_len_b=7),
                              prefix_tokens=prefix, generator=torch.Generator().manual_seed(5))
     model.eval()

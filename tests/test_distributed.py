@@ -38,7 +38,7 @@ import torch
 from fairseq.dataclass.configs import DatasetConfig
 
 from conftest import REPO, cli_env
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models, toy
 from test_residual_ebm_cli import TASK as RESIDUAL_TASK
 from test_residual_ebm_cli import base_lm, negatives  # noqa: F401  (fixtures)
 
@@ -59,7 +59,7 @@ SAVING = ["--save-interval-updates", "1", "--keep-interval-updates", "-1"]
 # the iterator is rebuilt every epoch (docs/distributed.md)
 if "update_epoch_batch_itr" in DatasetConfig.__dataclass_fields__:
     COMMON += ["--update-epoch-batch-itr", "True"]
-MT_MODEL = toy.TINY_ARCHS["transformer"] + ["--task", "translation", "--dropout", "0.0"]
+MT_MODEL = tiny_models.TINY_ARCHS["transformer"] + ["--task", "translation", "--dropout", "0.0"]
 # a smaller lr than COMMON's: the translation search's EOS decisions (MAP outputs) make
 # the loss piecewise, and at lr 0.5 a 1e-5 difference between the layouts after two
 # updates can cross a boundary in the third (measured: 1.7e-2 apart at update 3)

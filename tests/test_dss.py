@@ -11,7 +11,7 @@ import torch
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
 from conftest import REPO, run_cli
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models
 from fairseq_ext.core.relaxations import decision_embedding, decision_weights, gumbel_noise, peaked_softmax
 from fairseq_ext.core.schedules import exponential_growth, teacher_forcing_prob
 from fairseq_ext.core.token_losses import label_smoothed_nll
@@ -116,9 +116,9 @@ def models(toy_bin, conll, cache):
     """(model in eval mode, batch) per architecture."""
     out = {}
     for arch in ("transformer", "lstm"):
-        task, model, _ = toy.build_task_and_model(toy_bin, "translation", arch)
+        task, model, _ = tiny_models.build_task_and_model(toy_bin, "translation", arch)
         out[arch] = (model.eval(), _batch(task, "valid"))
-    task, model, _ = toy.build_task_and_model(conll, "sequence_tagging", "tagging_lstm", ["--cache-dir", cache])
+    task, model, _ = tiny_models.build_task_and_model(conll, "sequence_tagging", "tagging_lstm", ["--cache-dir", cache])
     out["tagging_lstm"] = (model.eval(), _batch(task, "test"))
     return out
 
@@ -453,7 +453,7 @@ def test_fairseq_train_runs(arch, toy_bin, conll, cache, tmp_path):
         data = [conll, "--task", "sequence_tagging", "--cache-dir", cache, "--arch", "tagging_lstm_tiny",
                 "--batch-size", "16"]
     else:
-        data = [toy_bin, "--task", "translation"] + toy.TINY_ARCHS[arch] + ["--max-tokens", "400"]
+        data = [toy_bin, "--task", "translation"] + tiny_models.TINY_ARCHS[arch] + ["--max-tokens", "400"]
     proc = run_cli(["fairseq-train", *data, "--user-dir", os.path.join(REPO, "fairseq_ext"), *COMMON,
                     "--dss-mode", "soft-sample", "--dss-warmup", "1", "--dss-decay-k", "1",
                     "--dss-alpha", "2", "--dss-alpha-growth", "2", "--max-epoch", "3",
@@ -509,7 +509,7 @@ def test_passes_gap_script_is_exact_at_the_limit_and_not_below(toy_bin, tmp_path
     loss and gradient are the exact pass's (gap 0, cosine 1); at eps 0 two passes
     differ from it (a gap the script must see)."""
     save = tmp_path / "ck"
-    run_cli(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", *toy.TINY_ARCHS["transformer"],
+    run_cli(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", *tiny_models.TINY_ARCHS["transformer"],
              "--optimizer", "adam", "--lr", "0.01", "--max-tokens", "500", "--max-update", "20", "--num-workers", "0",
              "--seed", "1", "--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(save)])
     out = tmp_path / "gap.json"

@@ -15,14 +15,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models
 from fairseq_ext.decoding import candidates
 from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
 from fairseq_ext.decoding.scoring import BatchScorer
 
 
 def _build(toy_bin, criterion_args, seed=1, dropout="0.1"):
-    task, model, args = toy.build_task_and_model(toy_bin, "translation", "transformer",
+    task, model, args = tiny_models.build_task_and_model(toy_bin, "translation", "transformer",
                                                  criterion_args + ["--dropout", dropout], seed=seed)
     task.load_dataset("train")
     return task, model, task.build_criterion(args)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import REPO, cli_env
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models
 
 REAL = {"FAIRSEQ_EXT_FORKSERVER": ""}  # the shims exec the real program
 pytestmark = pytest.mark.skipif(not os.environ.get("FAIRSEQ_EXT_FORKSERVER"), reason="fork server turned off")
@@ -36,7 +36,7 @@ def test_train_and_generate_print_where_the_real_programs_print(toy_bin, tmp_pat
     outs = {}
     for real in (False, True):
         save = tmp_path / f"real{real}"
-        train = run(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", *toy.TINY_ARCHS["transformer"],
+        train = run(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", *tiny_models.TINY_ARCHS["transformer"],
                      "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "500", "--max-update", "2",
                      "--num-workers", "0", "--seed", "1", "--disable-validation", "--save-dir", str(save)], real=real)
         assert train.returncode == 0, train.stderr[-2000:]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import REPO, cli_env, run_cli
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models
 from fairseq_ext.core.mgs import ParameterSearch, ProposalConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -32,7 +32,7 @@ def _train(data, out, extra, arch="transformer"):
     os.makedirs(out, exist_ok=True)
     env = cli_env(DUMP_DIR=str(out))
     proc = subprocess.run([sys.executable, SCRIPT, data, "--user-dir", os.path.join(REPO, "fairseq_ext"),
-                           "--task", "translation", *toy.TINY_ARCHS[arch], "--optimizer", "adam",
+                           "--task", "translation", *tiny_models.TINY_ARCHS[arch], "--optimizer", "adam",
                            "--lr", "0.003", "--max-tokens", "400", "--max-update", "6", "--seed", "1",
                            "--num-workers", "0", "--no-save", "--disable-validation", "--log-format", "json",
                            "--log-interval", "1", *extra], cwd=REPO, env=env, capture_output=True, text=True,
@@ -49,7 +49,7 @@ def test_translation_search_decodes_in_fp16(toy_bin, tmp_path):
     1e9 prints the hard beam's hypotheses (float32); fp16 decoding runs and mostly
     agrees."""
     user = ["--user-dir", os.path.join(REPO, "fairseq_ext")]
-    run_cli(["fairseq-train", toy_bin, *user, "--task", "translation", *toy.TINY_ARCHS["transformer"],
+    run_cli(["fairseq-train", toy_bin, *user, "--task", "translation", *tiny_models.TINY_ARCHS["transformer"],
              "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "0.01", "--max-tokens", "400",
              "--max-update", "150", "--fp16", "--num-workers", "0", "--save-dir", str(tmp_path / "ck"),
              "--no-epoch-checkpoints", "--disable-validation", "--seed", "1"])
@@ -244,7 +244,7 @@ def test_mh_sampler_runs_on_cuda(toy_bin, tmp_path):
     """A tiny CMLM trained in fp16 on CUDA, then the Metropolis-Hastings sampler of
     --task translation_mh in fp16: one hypothesis per sentence, finite statistics."""
     user = ["--user-dir", os.path.join(REPO, "fairseq_ext")]
-    run_cli(["fairseq-train", toy_bin, *user, "--task", "translation_mh", *toy.TINY_ARCHS["cmlm_transformer"],
+    run_cli(["fairseq-train", toy_bin, *user, "--task", "translation_mh", *tiny_models.TINY_ARCHS["cmlm_transformer"],
              "--criterion", "nat_loss", "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "500",
              "--max-epoch", "10", "--fp16", "--save-dir", str(tmp_path / "ck"), "--no-epoch-checkpoints",
              "--num-workers", "0", "--seed", "1"])

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import REPO, cli_env
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models
 
 TINY = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--criterion", "mgs", "--mgs-task-loss", "edit",
         "--mgs-candidates", "3", "--dropout", "0.0"]
@@ -22,7 +22,7 @@ def _step(data_dir, sample_ids, result_file, rank=None, world=None, init_file=No
     torch.set_num_threads(1)
     if world:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    task, model, args = toy.build_task_and_model(data_dir, "translation", "transformer", TINY, seed=3)
+    task, model, args = tiny_models.build_task_and_model(data_dir, "translation", "transformer", TINY, seed=3)
     crit = task.build_criterion(args)
     task.load_dataset("valid")
     ds = task.dataset("valid")

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from conftest import REPO, assert_shards_make_one_run, run_cli
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models
 from fairseq_ext.core import mcmc
 from fairseq_ext.generators.mh_sampler import MHSampler, check_cmlm, cmlm_logits_fn, forbidden_symbols
 
 USER_DIR = os.path.join(REPO, "fairseq_ext")
-TINY = toy.TINY_ARCHS["cmlm_transformer"]
+TINY = tiny_models.TINY_ARCHS["cmlm_transformer"]
 
 
 @pytest.fixture(scope="module")
@@ -170,9 +170,9 @@ def test_bad_options_fail_before_any_work(toy_bin, cmlm):
         generate(toy_bin, cmlm, "--mh-block-size", "0")
 
 
-def test_non_cmlm_models_are_refused(tiny_models):
+def test_non_cmlm_models_are_refused(untrained_models):
     with pytest.raises(ValueError, match="not a conditional masked LM"):
-        check_cmlm(tiny_models["transformer"][1])
+        check_cmlm(untrained_models["transformer"][1])
 
 
 def load_cmlm(cmlm):

@@ -9,13 +9,13 @@ import pytest
 from fairseq.dataclass.configs import DatasetConfig
 
 from conftest import run_cli
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models, toy
 
 UPDATES = 5  # epochs 1 (updates 1-2), 2 (3-4), 3 (5)
 DECAY = 0.5
 COMMON = ["--user-dir", "fairseq_ext", "--seed", "1", "--num-workers", "0", "--cpu", "--log-format", "json",
           "--log-interval", "1", "--disable-validation", "--no-epoch-checkpoints", "--required-batch-size-multiple",
-          "1"] + toy.TINY_ARCHS["transformer"] + ["--task", "translation", "--dropout", "0.0"]
+          "1"] + tiny_models.TINY_ARCHS["transformer"] + ["--task", "translation", "--dropout", "0.0"]
 # resumed runs see the uninterrupted run's batches only if every epoch builds its own iterator (docs/distributed.md)
 if "update_epoch_batch_itr" in DatasetConfig.__dataclass_fields__:
     COMMON += ["--update-epoch-batch-itr", "True"]

@@ -6,7 +6,7 @@ import os
 import torch
 
 from conftest import run_cli
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models
 
 
 def test_wikitext_completion_pairs(real_data, tmp_path):
@@ -19,7 +19,7 @@ def test_wikitext_completion_pairs(real_data, tmp_path):
     assert stats["test"] == len(test_lines)
     assert stats["train"] > 1000 and stats["valid"] > 100
 
-    task, _, _ = toy.build_task_and_model(str(out / "bin"), "text_completion", "transformer_lm")
+    task, _, _ = tiny_models.build_task_and_model(str(out / "bin"), "text_completion", "transformer_lm")
     task.load_dataset("test")
     ds = task.dataset("test")
     assert len(ds) == len(test_lines)

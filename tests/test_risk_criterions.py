@@ -6,12 +6,12 @@ option's name."""
 import pytest
 import torch
 
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models
 from fairseq_ext.decoding.candidates import Candidates, DecodeConfig
 
 
 def _crit(toy_bin, extra):
-    task, model, args = toy.build_task_and_model(toy_bin, "translation", "transformer", extra, seed=2)
+    task, model, args = tiny_models.build_task_and_model(toy_bin, "translation", "transformer", extra, seed=2)
     task.load_dataset("valid")
     ds = task.dataset("valid")
     sample = ds.collater([ds[i] for i in range(6)])

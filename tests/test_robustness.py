@@ -11,9 +11,9 @@ import time
 import pytest
 
 from conftest import REPO, cli_env, run_cli
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models, toy
 
-LM = ["--task", "language_modeling", "--tokens-per-sample", "32", "--max-tokens", "256"] + toy.TINY_ARCHS["transformer_lm"]
+LM = ["--task", "language_modeling", "--tokens-per-sample", "32", "--max-tokens", "256"] + tiny_models.TINY_ARCHS["transformer_lm"]
 TRAIN = ["--user-dir", "fairseq_ext", "--optimizer", "adam", "--lr", "0.003", "--seed", "1", "--num-workers", "0",
          "--log-format", "simple", "--log-interval", "1"]
 
@@ -24,7 +24,7 @@ def _env():
 
 def test_killed_run_leaves_a_loadable_checkpoint_that_resumes(toy_bin, tmp_path):
     save = tmp_path / "ck"
-    base = ["fairseq-train", toy_bin, *TRAIN, "--task", "translation", *toy.TINY_ARCHS["transformer"],
+    base = ["fairseq-train", toy_bin, *TRAIN, "--task", "translation", *tiny_models.TINY_ARCHS["transformer"],
             "--criterion", "differentiable_scheduled_sampling", "--dss-schedule-unit", "update", "--dss-warmup", "2",
             "--max-tokens", "200", "--no-epoch-checkpoints", "--disable-validation", "--save-dir", str(save)]
     cmd = base + ["--max-update", "100000", "--save-interval-updates", "3"]

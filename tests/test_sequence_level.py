@@ -9,7 +9,7 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models, toy
 from fairseq_ext.decoding.candidates import DecodeConfig
 from fairseq_ext.decoding.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process
 from fairseq_ext.decoding.scoring import BatchScorer, parse_cost_spec
@@ -40,8 +40,8 @@ def test_symbols_keep_eos_only_for_nonterm():
     assert SequenceCost("edit", d)(hyp, [torch.tensor([4, 5, d.eos()])] * 2).tolist() == pytest.approx([0.0, 0.5])
 
 
-def test_lm_cost_equals_teacher_forced(tiny_models):
-    task, model = tiny_models["transformer"]
+def test_lm_cost_equals_teacher_forced(untrained_models):
+    task, model = untrained_models["transformer"]
     d = task.target_dictionary
     src = [torch.tensor([5, 6, 7, d.eos()]), torch.tensor([8, d.eos()])]
     hyps = [torch.tensor([9, 10, d.eos()]), torch.tensor([11, d.eos()])]
@@ -55,8 +55,8 @@ def test_lm_cost_equals_teacher_forced(tiny_models):
             assert cost[i].item() == pytest.approx(expected.item(), abs=1e-4)
 
 
-def test_batch_scorer_cache_follows_targets(tiny_models):
-    task, model = tiny_models["transformer"]
+def test_batch_scorer_cache_follows_targets(untrained_models):
+    task, model = untrained_models["transformer"]
     task.load_dataset("valid")
     ds = task.dataset("valid")
     a = ds.collater([ds[i] for i in range(4)])
@@ -124,8 +124,8 @@ def test_resolve_post_process_rejects_unknown_value():
         resolve_post_process("spm", _dict_of(SP_DICT), "--pg-post-process", ["sbleu"])
 
 
-def test_post_process_only_resolved_for_text_costs(tiny_models, caplog):
-    task, _ = tiny_models["transformer"]
+def test_post_process_only_resolved_for_text_costs(untrained_models, caplog):
+    task, _ = untrained_models["transformer"]
     with caplog.at_level(logging.INFO, logger="fairseq_ext.decoding.sequence_cost"):
         assert BatchScorer(task, "edit", post_process="sentencepiece").post_process is None
     assert not caplog.records  # edit compares symbols: no BPE removal, nothing to say
@@ -164,7 +164,7 @@ def test_criteria_score_text_without_pieces_by_default(pieces_bin, toy_raw, crit
     """End to end from the command line's options: a criterion built by fairseq with its
     default --*-post-process scores the references of a BPE'd data set as the original words."""
     scheme, data = pieces_bin
-    task, _, args = toy.build_task_and_model(data, "translation", "transformer", criterion)
+    task, _, args = tiny_models.build_task_and_model(data, "translation", "transformer", criterion)
     with caplog.at_level(logging.INFO, logger="fairseq_ext.decoding.sequence_cost"):
         crit = task.build_criterion(args)
     assert any(f"post-process auto: {scheme}" in r.getMessage() for r in caplog.records)
@@ -186,7 +186,7 @@ def test_criteria_score_text_without_pieces_by_default(pieces_bin, toy_raw, crit
 
 def test_forced_none_on_pieces_warns(pieces_bin, caplog):
     scheme, data = pieces_bin
-    task, _, args = toy.build_task_and_model(data, "translation", "transformer",
+    task, _, args = tiny_models.build_task_and_model(data, "translation", "transformer",
                                              ["--criterion", "mgs", "--mgs-post-process", "none"])
     with caplog.at_level(logging.INFO, logger="fairseq_ext.decoding.sequence_cost"):
         assert task.build_criterion(args).scorer.post_process is None

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, assert_shards_make_one_run, run_cli
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models
 from fairseq_ext.core.soft_beam import (
     continuous_topk_argmax,
     hamming_step_costs,
@@ -184,7 +184,7 @@ def test_alpha_schedules_equal_their_formulas():
 @pytest.fixture(scope="module")
 def tagger(conll, cache):
     """A tagging_lstm_tiny trained a little with CE (so its decisions are not ties)."""
-    task, model, _ = toy.build_task_and_model(conll, "sequence_tagging", "tagging_lstm", ["--cache-dir", cache])
+    task, model, _ = tiny_models.build_task_and_model(conll, "sequence_tagging", "tagging_lstm", ["--cache-dir", cache])
     task.load_dataset("train")
     ds = task.dataset("train")
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -205,7 +205,7 @@ def tagger(conll, cache):
 def translators(toy_bin):
     out = {}
     for arch in ("transformer", "lstm"):
-        task, model, _ = toy.build_task_and_model(toy_bin, "translation", arch)
+        task, model, _ = tiny_models.build_task_and_model(toy_bin, "translation", arch)
         task.load_dataset("valid")
         ds = task.dataset("valid")
         out[arch] = (task, model.eval(), ds.collater([ds[i] for i in range(6)]))
@@ -589,7 +589,7 @@ def test_fairseq_generate_translation_search(toy_bin, tmp_path):
     one run; the global (raw-logit) search at beam 1 is greedy search (softmax keeps
     the argmax)."""
     user = ["--user-dir", os.path.join(REPO, "fairseq_ext")]
-    run_cli(["fairseq-train", toy_bin, *user, "--task", "translation", *toy.TINY_ARCHS["transformer"],
+    run_cli(["fairseq-train", toy_bin, *user, "--task", "translation", *tiny_models.TINY_ARCHS["transformer"],
              "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "0.01", "--max-tokens", "400",
              "--max-update", "150", "--num-workers", "0", "--save-dir", str(tmp_path / "ck"), "--no-epoch-checkpoints",
              "--disable-validation", "--seed", "1"])
@@ -640,7 +640,7 @@ def test_fairseq_train_runs(criterion, arch, toy_bin, conll, cache, tmp_path):
         data = [conll, "--task", "sequence_tagging", "--cache-dir", cache, "--arch", "tagging_lstm_tiny",
                 "--batch-size", "16", "--hamming-weights", "O=2.0"]
     else:
-        data = [toy_bin, "--task", "translation"] + toy.TINY_ARCHS[arch] + ["--max-tokens", "300"]
+        data = [toy_bin, "--task", "translation"] + tiny_models.TINY_ARCHS[arch] + ["--max-tokens", "300"]
     proc = run_cli(["fairseq-train", *data, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--criterion", criterion,
                     *SB, "--save-dir", str(tmp_path / "ck")])
     valid = [json.loads(l[l.index("{"):]) for l in proc.stdout.splitlines() if "| valid |" in l]
@@ -657,7 +657,7 @@ def test_decoding_defaults_to_the_checkpoints_normalization(toy_bin, tmp_path):
     sums of raw logits), not those of local (log-probabilities); asking for local
     warns, as does fairseq's own (renormalising) search."""
     user = ["--user-dir", os.path.join(REPO, "fairseq_ext")]
-    run_cli(["fairseq-train", toy_bin, *user, "--task", "translation", *toy.TINY_ARCHS["transformer"],
+    run_cli(["fairseq-train", toy_bin, *user, "--task", "translation", *tiny_models.TINY_ARCHS["transformer"],
              "--criterion", "soft_beam_direct_loss", "--normalization", "global", "--optimizer", "adam", "--lr", "0.01",
              "--max-tokens", "300", "--max-update", "2", "--num-workers", "0", "--save-dir", str(tmp_path / "ck"),
              "--no-epoch-checkpoints", "--disable-validation", "--seed", "1"])
@@ -719,7 +719,7 @@ def test_self_normalized_ce_drives_log_z_to_zero(toy_bin, tmp_path):
     logs = {}
     for name, crit in (("ce", ["--criterion", "self_normalized_ce", "--self-norm-lambda", "0"]),
                        ("l2", ["--criterion", "self_normalized_ce", "--self-norm-lambda", "1.0"])):
-        proc = run_cli(["fairseq-train", toy_bin, "--task", "translation", *toy.TINY_ARCHS["lstm"],
+        proc = run_cli(["fairseq-train", toy_bin, "--task", "translation", *tiny_models.TINY_ARCHS["lstm"],
                         "--user-dir", os.path.join(REPO, "fairseq_ext"), *crit, "--optimizer", "adam", "--lr", "0.005",
                         "--max-tokens", "400", "--max-epoch", "6", "--no-epoch-checkpoints", "--num-workers", "0",
                         "--log-format", "json", "--seed", "1", "--save-dir", str(tmp_path / name)])
@@ -769,7 +769,7 @@ def test_search_without_dropout_keeps_rnns_trainable_and_dropout_free(toy_bin):
     differentiated); afterwards its mode and dropout are as before."""
     from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss
 
-    task, model, _ = toy.build_task_and_model(toy_bin, "translation", "lstm",
+    task, model, _ = tiny_models.build_task_and_model(toy_bin, "translation", "lstm",
                                               ["--encoder-layers", "2", "--decoder-layers", "2",
                                                "--encoder-dropout-out", "0.5"])
     task.load_dataset("valid")
