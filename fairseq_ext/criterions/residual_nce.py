@@ -21,15 +21,17 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_ext.runtime.cli import ConfigError
-from fairseq_ext.core.residual import nce_accuracy, nce_loss
+from fairseq_ext.core.residual import NEG_WEIGHTINGS, nce_accuracy, nce_loss
+from fairseq_ext.runtime.validation import check_options
 
 
 @dataclass
 class ResidualNCEConfig(FairseqDataclass):
-    nce_neg_weighting: ChoiceEnum(["mean", "sum"]) = field(
+    nce_neg_weighting: ChoiceEnum(NEG_WEIGHTINGS) = field(
         default="mean",
         metadata={"help": "mean: the m negatives weigh as much as the positive (Theorem 1's optimum); "
-                          "sum: each negative weighs as much as the positive (optimum shifted by log m)"},
+                          "sum: each negative weighs as much as the positive (optimum shifted by log m)",
+                  "parameter": (nce_loss, "neg_weighting")},
     )
 
 
@@ -37,6 +39,7 @@ class ResidualNCEConfig(FairseqDataclass):
 class ResidualNCECriterion(FairseqCriterion):
     def __init__(self, task, nce_neg_weighting="mean"):
         super().__init__(task)
+        check_options(ResidualNCEConfig, locals())
         self.neg_weighting = nce_neg_weighting
 
     def forward(self, model, sample, reduce=True):
