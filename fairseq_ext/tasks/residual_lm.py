@@ -197,6 +197,7 @@ class ResidualLMTask(TaskBatching, FairseqTask):
         super().__init__(cfg)
         self.dictionary = dictionary
         self._base_lm = load_base_lm(cfg.base_lm, dictionary)
+        self._negatives_for: Optional[str] = None  # who needs every split to have negatives
 
     @classmethod
     def setup_task(cls, cfg: ResidualLMConfig, **kwargs):
@@ -238,6 +239,19 @@ class ResidualLMTask(TaskBatching, FairseqTask):
             raise ConfigError(f"residual_lm: split {split} has fewer than {self.block_size} tokens")
         return blocks
 
+    def require_negatives(self, who: str) -> None:
+        """From now on a split without negatives is refused when loaded (``who``, e.g.
+        ``--criterion residual_nce``, trains on them); so is one loaded already."""
+        self._negatives_for = who
+        for split, dataset in self.datasets.items():
+            if isinstance(dataset, ResidualLMDataset) and dataset.negatives is None:
+                self._no_negatives(split)
+
+    def _no_negatives(self, split: str) -> None:
+        raise ConfigError(f"{self._negatives_for} needs the negatives of split {split}, but there is no "
+                          f"{self.negatives_path(split)}: run scripts/sample_negatives.py (it writes "
+                          "{split}.negatives.pt next to the data or into --negatives-dir)")
+
     def load_negatives(self, split: str, num_blocks: int) -> Optional[torch.Tensor]:
         """The stored negatives of ``split`` (N, n, L), checked against the blocks, or
         None when the file does not exist."""
@@ -269,6 +283,8 @@ class ResidualLMTask(TaskBatching, FairseqTask):
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs):
         blocks = self.load_blocks(split)
         negatives = self.load_negatives(split, len(blocks))
+        if negatives is None and self._negatives_for:
+            self._no_negatives(split)
         self.datasets[split] = ResidualLMDataset(
             blocks, self.cfg.prefix_len, negatives, self.cfg.num_negatives,
             shuffle_negatives=split.startswith("train"), seed=self.cfg.seed,
