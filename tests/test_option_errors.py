@@ -157,6 +157,9 @@ def test_core_parameter_errors_are_named_as_options():
             MHConfig(target_anneal=0.02, anneal_floor_at=0.5).check()
     with pytest.raises(ParameterError, match="^target_anneal and anneal_floor_at"):  # the core alone: parameters
         MHConfig(target_anneal=0.02, anneal_floor_at=0.5).check()
+    with pytest.raises(ConfigError, match=r"^--mh-energy must be one of \('raw', 'local'\), got '\{0\}'$"):
+        with as_options(TranslationMHConfig):  # a value is shown as it is, braces and all
+            MHConfig(energy="{0}").check()
 
 
 @pytest.mark.parametrize("bad,last_line", [

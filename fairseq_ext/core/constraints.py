@@ -26,7 +26,8 @@ class ParameterError(ValueError):
     owner: the class or function the parameter belongs to (``ProposalConfig``).
     parameter: its name (``num_candidates``).
     problem: what is wrong, e.g. ``must be >= 1, got 0``; other parameters it
-        mentions are written ``{name}`` (``and {anneal_floor_at} are two schedules``).
+        mentions are written ``{name}`` (``and {anneal_floor_at} are two schedules``),
+        a literal brace doubled.
     """
 
     def __init__(self, owner: Any, parameter: str, problem: str):
@@ -50,7 +51,8 @@ class Constraint:
 
 
 def _shown(value: Any) -> str:
-    return repr(value)
+    """``value`` as a problem shows it (braces doubled: ``{name}`` in a problem is a parameter)."""
+    return repr(value).replace("{", "{{").replace("}", "}}")
 
 
 class Range(Constraint):
