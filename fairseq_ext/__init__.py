@@ -4,18 +4,22 @@ Importing the package registers every criterion, task, model and task loss with
 fairseq, makes fairseq's checkpoint loader work under torch >= 2.6, its copies
 to ``checkpoint_last.pt`` atomic, its start-up check of ``--save-dir`` safe for
 concurrent runs, carries criterion state through checkpoints, fixes ``--amp``'s loss
-scaling (one unscale; ``--amp-init-scale`` / ``--amp-scale-window`` honoured) and
-lets fairseq's batch threads finish before the process exits (see
+scaling (one unscale; ``--amp-init-scale`` / ``--amp-scale-window`` honoured),
+names a missing data directory or split and a checkpoint that does not load in one
+line, and lets fairseq's batch threads finish before the process exits (see
 ``fairseq_ext.runtime.compat``), and makes a bad plugin option end a command with one line
-and ``--help`` list the chosen components' options (see ``fairseq_ext.runtime.cli``).
+(``fairseq_ext.runtime.validation``) and ``--help`` list the chosen components' options
+(see ``fairseq_ext.runtime.cli``).
 """
 from fairseq_ext.runtime import cli
 from fairseq_ext.runtime.compat import (
     patch_amp_loss_scaler,
     patch_checkpoint_copies,
     patch_checkpoint_directory_check,
+    patch_checkpoint_errors,
     patch_checkpoint_loading,
     patch_criterion_state,
+    patch_input_errors,
     patch_resume_batches,
     stop_batch_threads_at_exit,
 )
@@ -26,6 +30,8 @@ patch_checkpoint_directory_check()
 patch_criterion_state()
 patch_resume_batches()
 patch_amp_loss_scaler()
+patch_input_errors()
+patch_checkpoint_errors()
 stop_batch_threads_at_exit()
 cli.install()
 

@@ -146,6 +146,20 @@ def run_cli(args, cwd=None, env=None, timeout=600):
     return proc
 
 
+def run_cli_batch(commands, tmp_path, env=None, timeout=600):
+    """Run console commands (argv lists, or dicts with ``argv`` and optional ``env`` /
+    ``cwd``) one after the other in forks of one process that imported the plugin once
+    (``tests/cli_batch.py``): for the many commands that stop while parsing. Returns one
+    ``{"rc", "stdout", "stderr", "seconds", "cpu"}`` per command."""
+    requests = [c if isinstance(c, dict) else {"argv": list(c)} for c in commands]
+    req, res = tmp_path / "cli_batch_requests.json", tmp_path / "cli_batch_results.json"
+    req.write_text(json.dumps(requests))
+    proc = subprocess.run(["python", os.path.join(REPO, "tests", "cli_batch.py"), str(req), str(res)], cwd=REPO,
+                          env=cli_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(res.read_text())
+
+
 def run_bench(script, tmp_path, *args, timeout=300):
     """Run ``bench/<script> --quick ARGS --json FILE``; fail with its output; return the
     parsed rows. Benchmarks print timings; the smoke tests never assert them."""
@@ -206,10 +220,10 @@ def assert_shards_make_one_run(cmd, shards=2, timeout=600):
 EXPECTED_SECONDS = {
     "test_real_data": 125, "test_recipes": 90, "test_distributed": 85, "test_soft_beam": 50, "test_robustness": 40,
     "test_residual_distinct": 36, "test_mh_sampler": 31, "test_demo": 29, "test_score_script": 28, "test_tagging": 27,
-    "test_bench_soft_beam_smoke": 23, "test_dss_exposure_bias": 23, "test_forkserver": 22, "test_mgs_cli": 22,
-    "test_dss": 17, "test_prepare_translation": 17, "test_mgs_distributed": 14, "test_residual_ebm_cli": 14,
-    "test_soft_beam_label_bias": 14, "test_bench_mgs_smoke": 13, "test_mh_core": 11, "test_pg_baseline": 11,
-    "test_cli": 11, "test_estimators": 8, "test_logging": 6, "test_cli_ux": 6,
+    "test_option_errors": 25, "test_bench_soft_beam_smoke": 23, "test_dss_exposure_bias": 23, "test_forkserver": 22,
+    "test_mgs_cli": 22, "test_dss": 17, "test_prepare_translation": 17, "test_mgs_distributed": 14,
+    "test_residual_ebm_cli": 14, "test_soft_beam_label_bias": 14, "test_bench_mgs_smoke": 13, "test_mh_core": 11,
+    "test_pg_baseline": 11, "test_cli": 11, "test_estimators": 8, "test_logging": 6, "test_cli_ux": 6,
 }
 
 

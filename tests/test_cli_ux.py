@@ -133,7 +133,7 @@ def test_options_shows_default_and_help(capsys):
     out = capsys.readouterr().out
     assert "--criterion mgs  [fairseq_ext.criterions.mgs]" in out
     assert "    --mgs-alpha  (default: 1.0)\n        alpha, temperature of the candidate weights (eq. 2)" in out
-    assert "    --mgs-decoder {greedy,beam,sample}  (default: greedy)" in out
+    assert "    --mgs-decoder {greedy,sample,beam}  (default: greedy)" in out
     assert "--arch tagging_lstm, tagging_lstm_ner, tagging_lstm_pos, tagging_lstm_tiny  (model tagging_lstm)" in out
     assert "    --encoder-hidden-size  (default: 64)" in out
     assert "--task" not in out

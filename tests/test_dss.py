@@ -85,9 +85,9 @@ def test_teacher_forcing_schedules_equal_their_formulas():
     # gentler decay for larger k (thesis Table 3.2)
     assert teacher_forcing_prob("inverse_sigmoid", 5, k=100) > teacher_forcing_prob("inverse_sigmoid", 5, k=10) > \
         teacher_forcing_prob("inverse_sigmoid", 5, k=1)
-    with pytest.raises(ValueError, match="k >= 1"):
+    with pytest.raises(ValueError, match="k must be >= 1 for the inverse_sigmoid schedule, got 0.5"):
         teacher_forcing_prob("inverse_sigmoid", 0, k=0.5)
-    with pytest.raises(ValueError, match="0 < k < 1"):
+    with pytest.raises(ValueError, match=r"k must be in \(0, 1\) for the exponential schedule, got 2"):
         teacher_forcing_prob("exponential", 0, k=2)
     assert exponential_growth(2.0, 3.0, 2) == pytest.approx(18.0)
     assert exponential_growth(2.0, 3.0, -4) == 2.0 and exponential_growth(2.0, 3.0, 1e6, max_value=50) == 50

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.distributions import Normal
 
+from fairseq_ext.core.constraints import ParameterError
 from fairseq_ext.core.mgs import (
     ParameterSearch,
     ProposalConfig,
@@ -150,12 +151,15 @@ def test_noise_scales_and_clip():
 
 
 def test_bad_config():
-    with pytest.raises(ValueError, match="--mgs-candidates"):
+    """The core names its parameters, not the command line's options."""
+    with pytest.raises(ParameterError, match="^num_candidates must be >= 1, got 0$"):
         ProposalConfig(num_candidates=0)
-    with pytest.raises(ValueError, match="--mgs-mixture"):
+    with pytest.raises(ParameterError, match=r"^mixture must be in \[0, 1\], got 1.5$"):
         ProposalConfig(mixture=1.5)
-    with pytest.raises(ValueError, match="--mgs-noise"):
+    with pytest.raises(ParameterError, match="^noise must be > 0, got 0.0$"):
         ProposalConfig(noise=0.0)
+    with pytest.raises(ParameterError, match="^proposal must be one of"):
+        ProposalConfig(proposal="nosuch")
 
 
 def test_weight_stats():

@@ -173,10 +173,10 @@ def test_schedules():
     assert mcmc.annealed_target_temperature(1.0, 0.04, 100, 0.05) == pytest.approx(0.05)
     with pytest.raises(ValueError, match="energy must be one of"):
         mcmc.MHConfig(energy="norm").check()
-    with pytest.raises(ValueError, match="--mh-block-size must be >= 1, got 0"):
-        mcmc.MHConfig(block_size=0).check(prefix="--mh-")
-    with pytest.raises(ValueError, match="--mh-top-p must be in"):
-        mcmc.MHConfig(top_p=1.5).check(prefix="--mh-")
+    with pytest.raises(ValueError, match="^block_size must be >= 1, got 0$"):
+        mcmc.MHConfig(block_size=0).check()
+    with pytest.raises(ValueError, match=r"^top_p must be in \(0, 1\], got 1.5$"):
+        mcmc.MHConfig(top_p=1.5).check()
 
 
 def test_rejected_proposals_keep_the_state_and_its_energy():
@@ -397,8 +397,8 @@ def test_mixture_proposal_probabilities_by_hand():
     assert torch.allclose(log_q.exp(), 0.8 * q_nucleus + 0.2 * q_full, atol=1e-6)
     # no nucleus: the mixture is the full conditional
     assert torch.allclose(mcmc.proposal_log_probs(logits, nucleus_mix=0.2).exp(), q_full, atol=1e-6)
-    with pytest.raises(ValueError, match="--mh-nucleus-mix must be in"):
-        mcmc.MHConfig(nucleus_mix=1.0).check(prefix="--mh-")
+    with pytest.raises(ValueError, match=r"^nucleus_mix must be in \[0, 1\)"):
+        mcmc.MHConfig(nucleus_mix=1.0).check()
 
 
 def test_annealing_to_the_floor_at_a_fraction_of_the_epochs():
@@ -409,8 +409,8 @@ def test_annealing_to_the_floor_at_a_fraction_of_the_epochs():
     assert temps[15] == pytest.approx(1 - 0.95 * 15 / 16) and temps[16:] == [pytest.approx(0.05)] * 17
     # the thesis's fixed decrements are unchanged
     assert mcmc.MHConfig(target_anneal=0.04).target_temperature_at(11) == pytest.approx(0.56)
-    with pytest.raises(ValueError, match="two annealing schedules"):
-        mcmc.MHConfig(target_anneal=0.02, anneal_floor_at=0.5).check(prefix="--mh-")
+    with pytest.raises(ValueError, match="^target_anneal and anneal_floor_at are two annealing schedules"):
+        mcmc.MHConfig(target_anneal=0.02, anneal_floor_at=0.5).check()
 
 
 def test_annealed_chains_find_the_mode_and_report_their_best_state():

@@ -213,15 +213,18 @@ def test_negatives_checked_against_the_blocks(toy_lm_bin, base_lm, negatives):
 
 
 def test_criterion_without_negatives_says_what_to_run(toy_lm_bin, base_lm, tmp_path):
+    """residual_nce makes the task refuse a split without negatives, loaded before or after it is built."""
     from fairseq_ext.criterions.residual_nce import ResidualNCECriterion
 
     task, args = setup(toy_lm_bin, "--base-lm", base_lm, "--negatives-dir", str(tmp_path))
     task.load_dataset("valid")
-    ds = task.dataset("valid")
-    batch = ds.collater([ds[i] for i in range(3)])
-    model = task.build_model(args)
-    with pytest.raises(ValueError, match="sample_negatives.py"):
-        ResidualNCECriterion(task)(model, batch)
+    with pytest.raises(ConfigError, match=r"--criterion residual_nce needs the negatives of split valid, .*"
+                                          r"valid.negatives.pt: run scripts/sample_negatives.py"):
+        ResidualNCECriterion(task)
+    task, args = setup(toy_lm_bin, "--base-lm", base_lm, "--negatives-dir", str(tmp_path))
+    ResidualNCECriterion(task)
+    with pytest.raises(ConfigError, match="needs the negatives of split train"):
+        task.load_dataset("train")
 
 
 def test_unit_starts_from_the_base_lm(toy_lm_bin, base_lm):

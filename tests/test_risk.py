@@ -119,5 +119,5 @@ def test_normalize_costs_and_moving_baseline():
     resumed.load_state_dict(b.state_dict())
     resumed.update(0.25)
     assert resumed.value == 0.375
-    with pytest.raises(ValueError, match="--pg-baseline-decay"):
+    with pytest.raises(ValueError, match=r"decay must be in \[0, 1\), got 1.0"):
         MovingAverageBaseline(decay=1.0)

@@ -45,6 +45,15 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from fairseq_ext.core.constraints import (
+    CONSTRAINT,
+    OneOf,
+    ParameterError,
+    above,
+    at_least,
+    between,
+    check_fields,
+)
 from fairseq_ext.core.sampling import filter_logits
 
 LogitsFn = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -223,54 +232,31 @@ def floor_at_decrement(t0: float, minimum: float, floor_at: float, total_epochs:
 
 @dataclass
 class MHConfig:
-    """Options of :func:`run_chains` (see docs/mh_sampler.md)."""
-    energy: str = "raw"
-    kernel: str = "mh"
-    burn_in: int = 7
-    epochs: int = 26
-    order: str = "random"
-    block_size: int = 1
+    """Options of :func:`run_chains` (see docs/mh_sampler.md); each field declares the
+    values it takes (``check``)."""
+    energy: str = field(default="raw", metadata={CONSTRAINT: OneOf(ENERGIES)})
+    kernel: str = field(default="mh", metadata={CONSTRAINT: OneOf(KERNELS)})
+    burn_in: int = field(default=7, metadata={CONSTRAINT: at_least(0)})
+    epochs: int = field(default=26, metadata={CONSTRAINT: at_least(1)})
+    order: str = field(default="random", metadata={CONSTRAINT: OneOf(ORDERS)})
+    block_size: int = field(default=1, metadata={CONSTRAINT: at_least(1)})
     anneal_block: bool = False
-    proposal_temperature: float = 1.0
-    top_p: float = 1.0
-    nucleus_mix: float = 0.1
-    target_temperature: float = 1.0
-    target_anneal: float = 0.0
-    anneal_floor_at: float = 0.0
-    min_target_temperature: float = 0.05
-    accept_all_epochs: int = 0
-    max_rows: int = 0
+    proposal_temperature: float = field(default=1.0, metadata={CONSTRAINT: above(0)})
+    top_p: float = field(default=1.0, metadata={CONSTRAINT: between(0, 1, low_open=True)})
+    nucleus_mix: float = field(default=0.1, metadata={CONSTRAINT: between(0, 1, high_open=True)})
+    target_temperature: float = field(default=1.0, metadata={CONSTRAINT: above(0)})
+    target_anneal: float = field(default=0.0, metadata={CONSTRAINT: at_least(0)})
+    anneal_floor_at: float = field(default=0.0, metadata={CONSTRAINT: between(0, 1)})  # a fraction of the epochs
+    min_target_temperature: float = field(default=0.05, metadata={CONSTRAINT: above(0)})
+    accept_all_epochs: int = field(default=0, metadata={CONSTRAINT: at_least(0)})
+    max_rows: int = field(default=0, metadata={CONSTRAINT: at_least(0)})
 
-    def check(self, prefix: str = "") -> "MHConfig":
-        """Raise ValueError naming the first bad option (``prefix`` + its name with
-        dashes, e.g. ``--mh-block-size`` for prefix ``--mh-``); returns self."""
-        def bad(name: str, msg: str) -> ValueError:
-            shown = prefix + name.replace("_", "-") if prefix else name
-            return ValueError(f"{shown} {msg}, got {getattr(self, name)!r}")
-
-        choices = {"energy": ENERGIES, "kernel": KERNELS, "order": ORDERS}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise bad(name, f"must be one of {allowed}")
-        for name in ("burn_in", "accept_all_epochs", "target_anneal", "max_rows"):
-            if getattr(self, name) < 0:
-                raise bad(name, "must be >= 0")
-        for name in ("epochs", "block_size"):
-            if getattr(self, name) < 1:
-                raise bad(name, "must be >= 1")
-        for name in ("proposal_temperature", "target_temperature", "min_target_temperature"):
-            if not getattr(self, name) > 0:
-                raise bad(name, "must be > 0")
-        if not 0 < self.top_p <= 1:
-            raise bad("top_p", "must be in (0, 1]")
-        if not 0 <= self.nucleus_mix < 1:
-            raise bad("nucleus_mix", "must be in [0, 1)")
-        if not 0 <= self.anneal_floor_at <= 1:
-            raise bad("anneal_floor_at", "must be in [0, 1] (a fraction of the epochs)")
+    def check(self) -> "MHConfig":
+        """Raise ParameterError naming the first bad field; returns self."""
+        check_fields(self)
         if self.anneal_floor_at > 0 and self.target_anneal > 0:
-            shown = prefix + "target-anneal" if prefix else "target_anneal"
-            raise ValueError(f"{shown} and {prefix}anneal-floor-at are two annealing schedules: give one, "
-                             f"got {self.target_anneal!r} and {self.anneal_floor_at!r}")
+            raise ParameterError(MHConfig, "target_anneal", "and {anneal_floor_at} are two annealing schedules: "
+                                 f"give one, got {self.target_anneal!r} and {self.anneal_floor_at!r}")
         return self
 
     def target_temperature_at(self, epoch: int) -> float:

@@ -31,12 +31,13 @@ two draws).
 """
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
+from fairseq_ext.core.constraints import CONSTRAINT, OneOf, above, at_least, between, check_fields
 from fairseq_ext.core.sampling import mix_seed
 
 PROPOSALS = ("mixture", "zero", "mle")
@@ -65,27 +66,16 @@ class ProposalConfig:
         (log q = 0: a reward-weighted average).
     """
 
-    num_candidates: int = 4
-    mixture: float = 0.5
+    num_candidates: int = field(default=4, metadata={CONSTRAINT: at_least(1)})
+    mixture: float = field(default=0.5, metadata={CONSTRAINT: between(0, 1)})
     alternate: bool = False
-    proposal: str = "mixture"
-    noise: float = 1.0
-    noise_scale: str = "per_tensor"
-    importance: str = "unit"
+    proposal: str = field(default="mixture", metadata={CONSTRAINT: OneOf(PROPOSALS)})
+    noise: float = field(default=1.0, metadata={CONSTRAINT: above(0)})
+    noise_scale: str = field(default="per_tensor", metadata={CONSTRAINT: OneOf(NOISE_SCALES)})
+    importance: str = field(default="unit", metadata={CONSTRAINT: OneOf(IMPORTANCE)})
 
     def __post_init__(self) -> None:
-        if self.num_candidates < 1:
-            raise ValueError(f"--mgs-candidates must be >= 1, got {self.num_candidates}")
-        if not 0.0 <= self.mixture <= 1.0:
-            raise ValueError(f"--mgs-mixture must be in [0, 1], got {self.mixture}")
-        if self.proposal not in PROPOSALS:
-            raise ValueError(f"--mgs-proposal must be one of {PROPOSALS}, got {self.proposal!r}")
-        if self.importance not in IMPORTANCE:
-            raise ValueError(f"--mgs-importance must be one of {IMPORTANCE}, got {self.importance!r}")
-        if self.noise_scale not in NOISE_SCALES:
-            raise ValueError(f"--mgs-noise-scale must be one of {NOISE_SCALES}, got {self.noise_scale!r}")
-        if not self.noise > 0:
-            raise ValueError(f"--mgs-noise must be > 0, got {self.noise}")
+        check_fields(self)  # ParameterError naming the field
 
     @property
     def pi(self) -> float:

@@ -11,9 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fairseq_ext.core.constraints import OneOf, check_arguments, declare
+
 NEG_WEIGHTINGS = ("mean", "sum")
 
 
+@declare(neg_weighting=OneOf(NEG_WEIGHTINGS))
 def nce_loss(energy_pos: Tensor, energy_neg: Tensor, neg_weighting: str = "mean") -> Tensor:
     """Conditional NCE loss of eq. 3 (negated, to minimise), one value per prefix.
 
@@ -28,8 +31,7 @@ def nce_loss(energy_pos: Tensor, energy_neg: Tensor, neg_weighting: str = "mean"
         the gradient as m grows.
     Returns (B,) losses; log sigma(-E) = -softplus(E).
     """
-    if neg_weighting not in NEG_WEIGHTINGS:
-        raise ValueError(f"neg_weighting must be one of {NEG_WEIGHTINGS}, got {neg_weighting!r}")
+    check_arguments(nce_loss, neg_weighting=neg_weighting)
     if energy_neg.dim() != 2 or energy_neg.size(0) != energy_pos.size(0):
         raise ValueError(f"energy_neg must be (B, m) with B = {energy_pos.size(0)}, got {tuple(energy_neg.shape)}")
     neg = F.softplus(-energy_neg)

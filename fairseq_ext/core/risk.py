@@ -6,6 +6,8 @@ from typing import Dict, Optional, Sequence
 import torch
 from torch import Tensor
 
+from fairseq_ext.core.constraints import between, check_arguments, declare
+
 
 def mrt_risk(log_p: Tensor, costs: Tensor, alpha: float, mask: Optional[Tensor] = None) -> Tensor:
     """Expected cost under q(y) = p(y)^alpha / sum_{y' in S} p(y')^alpha (eq. 6).
@@ -83,14 +85,14 @@ def leave_one_out_baseline(costs: Tensor) -> Tensor:
     return (costs.sum(dim=1, keepdim=True) - costs) / (s - 1)
 
 
+@declare(decay=between(0, 1, high_open=True))
 class MovingAverageBaseline:
     """Lagged exponential moving average of the pooled cost: ``value`` is read before
     ``update`` adds the current batch, so the baseline never uses the current samples.
     ``state_dict`` / ``load_state_dict`` carry it through a checkpoint."""
 
     def __init__(self, decay: float = 0.9):
-        if not 0.0 <= decay < 1.0:
-            raise ValueError(f"--pg-baseline-decay must be in [0, 1), got {decay}")
+        check_arguments(MovingAverageBaseline, decay=decay)
         self.decay = decay
         self.value: Optional[float] = None
 

@@ -6,6 +6,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from fairseq_ext.core.constraints import above, at_least, between, check_arguments, declare
+
 _MASK63 = (1 << 63) - 1
 
 
@@ -29,6 +31,7 @@ def batch_generator(seed: int, ids: Tensor) -> torch.Generator:
     return gen
 
 
+@declare(topk=at_least(0), topp=between(0, 1, low_open=True))
 def filter_logits(logits: Tensor, topk: int = 0, topp: float = 1.0) -> Tensor:
     """Mask (set to -inf) the logits outside the top-k and the top-p nucleus.
 
@@ -37,10 +40,7 @@ def filter_logits(logits: Tensor, topk: int = 0, topp: float = 1.0) -> Tensor:
     tokens whose probability reaches ``topp`` (Holtzman et al., 2020); the most
     probable token is always kept. Returns a tensor of the same shape.
     """
-    if topk < 0:
-        raise ValueError(f"topk must be >= 0, got {topk}")
-    if not 0.0 < topp <= 1.0:
-        raise ValueError(f"topp must be in (0, 1], got {topp}")
+    check_arguments(filter_logits, topk=topk, topp=topp)
     out = logits
     if 0 < topk < logits.size(-1):
         kth = torch.topk(out, topk, dim=-1).values[..., -1:]
@@ -56,6 +56,7 @@ def filter_logits(logits: Tensor, topk: int = 0, topp: float = 1.0) -> Tensor:
     return out
 
 
+@declare(temperature=above(0))
 def choose_tokens(
     logits: Tensor,
     sample: bool,
@@ -68,8 +69,7 @@ def choose_tokens(
     softmax(filter(logits) / temperature). Returns (N,) LongTensor."""
     if not sample:
         return logits.argmax(dim=-1)
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    check_arguments(choose_tokens, temperature=temperature)
     filtered = filter_logits(logits.float() / temperature, topk=topk, topp=topp)
     probs = torch.softmax(filtered, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -12,6 +12,17 @@ is the only state, and fairseq checkpoints it.
 """
 import math
 
+from fairseq_ext.core.constraints import (
+    OneOf,
+    ParameterError,
+    Range,
+    above,
+    at_least,
+    between,
+    check_arguments,
+    declare,
+)
+
 EPS_SCHEDULES = ("inverse_sigmoid", "exponential", "linear", "always")
 
 
@@ -42,25 +53,30 @@ def teacher_forcing_prob(
     return max(min_eps, min(1.0, eps))
 
 
+# the parameter each schedule reads, and the values it takes
+_EPS_RULES = {"inverse_sigmoid": ("k", at_least(1)), "exponential": ("k", between(0, 1, low_open=True, high_open=True)),
+              "linear": ("slope", above(0))}
+
+
+def _schedule_rule(owner, schedule: str, name: str, value: float, rule: Range) -> None:
+    if not rule.holds(value):
+        raise ParameterError(owner, name, f"must be {rule.text()} for the {schedule} schedule, got {value!r}")
+
+
+@declare(schedule=OneOf(EPS_SCHEDULES), min_eps=between(0, 1))
 def check_eps_schedule(schedule: str, k: float, slope: float, min_eps: float) -> None:
-    """Raise ValueError naming the bad parameter."""
-    if schedule not in EPS_SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose from {EPS_SCHEDULES}")
-    if schedule == "inverse_sigmoid" and not k >= 1.0:
-        raise ValueError(f"the inverse sigmoid schedule needs k >= 1, got k = {k}")
-    if schedule == "exponential" and not 0.0 < k < 1.0:
-        raise ValueError(f"the exponential schedule needs 0 < k < 1, got k = {k}")
-    if schedule == "linear" and not slope > 0.0:
-        raise ValueError(f"the linear schedule needs a slope > 0, got {slope}")
-    if not 0.0 <= min_eps <= 1.0:
-        raise ValueError(f"min_eps must be in [0, 1], got {min_eps}")
+    """Raise ParameterError naming the bad parameter (k or slope: as ``schedule`` needs)."""
+    check_arguments(check_eps_schedule, schedule=schedule, min_eps=min_eps)
+    if schedule in _EPS_RULES:
+        name, rule = _EPS_RULES[schedule]
+        _schedule_rule(check_eps_schedule, schedule, name, {"k": k, "slope": slope}[name], rule)
 
 
+@declare(value0=above(0), growth=above(0))
 def exponential_growth(value0: float, growth: float, t: float, max_value: float = math.inf) -> float:
     """value0 * growth^max(t, 0), capped at ``max_value``; computed in log space
     (no overflow for any t). growth = 1 keeps the value fixed."""
-    if not value0 > 0 or not growth > 0:
-        raise ValueError(f"value0 and growth must be > 0, got {value0} and {growth}")
+    check_arguments(exponential_growth, value0=value0, growth=growth)
     log_value = math.log(value0) + max(t, 0.0) * math.log(growth)
     return min(max_value, math.exp(min(log_value, 700.0)))
 
@@ -68,18 +84,17 @@ def exponential_growth(value0: float, growth: float, t: float, max_value: float 
 ALPHA_SCHEDULES = ("fixed", "linear", "exponential")
 
 
+@declare(schedule=OneOf(ALPHA_SCHEDULES))
 def interpolated(schedule: str, value0: float, value1: float, t: float, horizon: float) -> float:
     """A value moving from ``value0`` to ``value1`` over ``horizon`` steps, then
     held: ``fixed`` value0; ``linear`` value0 + (value1 - value0) r; ``exponential``
     (geometric) value0 (value1 / value0)^r; r = min(max(t, 0) / horizon, 1) (the
     annealed alpha of thesis 4.3.3)."""
-    if schedule not in ALPHA_SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose from {ALPHA_SCHEDULES}")
+    check_arguments(interpolated, schedule=schedule)
     if schedule == "fixed":
         return value0
-    if not value0 > 0 or not value1 > 0 or not horizon > 0:
-        raise ValueError(f"the {schedule} schedule needs value0, value1 and horizon > 0, "
-                         f"got {value0}, {value1}, {horizon}")
+    for name, value in (("value0", value0), ("value1", value1), ("horizon", horizon)):
+        _schedule_rule(interpolated, schedule, name, value, above(0))
     r = min(max(t, 0.0) / horizon, 1.0)
     if schedule == "linear":
         return value0 + (value1 - value0) * r

@@ -4,7 +4,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from fairseq_ext.core.constraints import at_least, between, check_arguments, declare
 
+
+@declare(epsilon=between(0, 1, high_open=True))
 def label_smoothed_nll(
     lprobs: Tensor, target: Tensor, epsilon: float = 0.0, ignore_index: Optional[int] = None
 ) -> Tuple[Tensor, Tensor]:
@@ -18,8 +21,7 @@ def label_smoothed_nll(
     spreads the smoothing mass over what it can output. With every output allowed
     it equals fairseq's value. Positions whose target is ``ignore_index`` count 0.
     """
-    if not 0.0 <= epsilon < 1.0:
-        raise ValueError(f"label smoothing must be in [0, 1), got {epsilon}")
+    check_arguments(label_smoothed_nll, epsilon=epsilon)
     nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
     keep = torch.ones_like(nll, dtype=torch.bool) if ignore_index is None else target.ne(ignore_index)
     nll = nll.masked_fill(~keep, 0.0)
@@ -39,6 +41,7 @@ def log_normalizers(logits: Tensor) -> Tensor:
     return torch.logsumexp(logits.float(), dim=-1)
 
 
+@declare(lam=at_least(0))
 def self_normalized_nll(logits: Tensor, target: Tensor, lam: float, ignore_index: Optional[int] = None
                         ) -> Tuple[Tensor, Tensor, Tensor]:
     """Self-normalisation by L2 regularisation of the local log-normaliser (Goyal
@@ -46,8 +49,7 @@ def self_normalized_nll(logits: Tensor, target: Tensor, lam: float, ignore_index
 
     logits: (N, V) raw scores; target: (N,). Returns (loss, nll, log Z (N,)); both
     sums skip ``ignore_index`` positions (their log Z is returned as 0)."""
-    if lam < 0:
-        raise ValueError(f"lambda must be >= 0, got {lam}")
+    check_arguments(self_normalized_nll, lam=lam)
     log_z = log_normalizers(logits)
     keep = torch.ones_like(log_z, dtype=torch.bool) if ignore_index is None else target.ne(ignore_index)
     log_z = log_z.masked_fill(~keep, 0.0)

@@ -16,7 +16,6 @@ import torch
 from fairseq.criterions import FairseqCriterion
 from torch import Tensor
 
-from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.runtime.clock import check_model_at_start
 from fairseq_ext.runtime.distributed import forward_in_wrapper
 from fairseq_ext.decoding.candidates import DecodeConfig, sequence_log_probs
@@ -28,8 +27,6 @@ class CandidateRiskCriterion(FairseqCriterion):
 
     def __init__(self, task, name: str, scorer: BatchScorer, decode_cfg: DecodeConfig, mle_weight: float):
         super().__init__(task)
-        if not mle_weight >= 0:
-            raise ConfigError(f"--{name}-mle-weight must be >= 0, got {mle_weight}")
         check_model_at_start(task, lambda model: check_candidate_model(task, model, name))
         self.scorer = scorer
         self.decode_cfg = decode_cfg

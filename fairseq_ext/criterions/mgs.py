@@ -28,11 +28,13 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
 from fairseq_ext.runtime.cli import ConfigError
+from fairseq_ext.core.constraints import above
 from fairseq_ext.core.mgs import IMPORTANCE, NOISE_SCALES, PROPOSALS, ParameterSearch, ProposalConfig
 from fairseq_ext.core.mgs import clip_grad_, mgs_weights, mix_seed, weight_stats
 from fairseq_ext.runtime.clock import TrainingClock, check_model_at_start
 from fairseq_ext.runtime.distributed import all_reduce_sum_, pooled_mean, unwrap
-from fairseq_ext.decoding.candidates import DecodeConfig
+from fairseq_ext.runtime.validation import check_options
+from fairseq_ext.decoding.candidates import STRATEGIES, DecodeConfig
 from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.decoding.scoring import BatchScorer, check_candidate_model
 
@@ -41,34 +43,44 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class MGSConfig(FairseqDataclass):
-    mgs_candidates: int = field(default=4, metadata={"help": "K, candidate directions per update"})
-    mgs_mixture: float = field(default=0.5, metadata={"help": "pi, probability of the zero-mean component (eq. 4)"})
+    mgs_candidates: int = field(default=4, metadata={"help": "K, candidate directions per update",
+                                                     "parameter": (ProposalConfig, "num_candidates")})
+    mgs_mixture: float = field(default=0.5, metadata={"help": "pi, probability of the zero-mean component (eq. 4)",
+                                                      "parameter": (ProposalConfig, "mixture")})
     mgs_alternate: bool = field(
         default=False, metadata={"help": "alternate the components (even k: MLE, odd k: zero-mean, as the published "
                                          "code) instead of sampling"}
     )
     mgs_proposal: ChoiceEnum(PROPOSALS) = field(
-        default="mixture", metadata={"help": "proposal: the mixture, or only its zero / MLE component (Table 7)"}
+        default="mixture", metadata={"help": "proposal: the mixture, or only its zero / MLE component (Table 7)",
+                                     "parameter": (ProposalConfig, "proposal")}
     )
-    mgs_noise: float = field(default=1.0, metadata={"help": "noise level: sigma = noise x mean|g| (see --mgs-noise-scale)"})
+    mgs_noise: float = field(default=1.0, metadata={"help": "noise level: sigma = noise x mean|g| (see --mgs-noise-scale)",
+                                                    "parameter": (ProposalConfig, "noise")})
     mgs_noise_scale: ChoiceEnum(NOISE_SCALES) = field(
         default="per_tensor",
-        metadata={"help": "sigma per weight tensor (noise x mean|g_w|, A.4), one global sigma, or absolute (sigma = noise)"},
+        metadata={"help": "sigma per weight tensor (noise x mean|g_w|, A.4), one global sigma, or absolute (sigma = noise)",
+                  "parameter": (ProposalConfig, "noise_scale")},
     )
     mgs_importance: ChoiceEnum(IMPORTANCE) = field(
         default="unit",
-        metadata={"help": "density for log q: unit variance (published code), exact sigmas, or none (reward-weighted)"},
+        metadata={"help": "density for log q: unit variance (published code), exact sigmas, or none (reward-weighted)",
+                  "parameter": (ProposalConfig, "importance")},
     )
-    mgs_alpha: float = field(default=1.0, metadata={"help": "alpha, temperature of the candidate weights (eq. 2)"})
+    mgs_alpha: float = field(default=1.0, metadata={"help": "alpha, temperature of the candidate weights (eq. 2)",
+                                                    "constraint": above(0)})
     mgs_task_loss: str = field(
         default="sbleu", metadata={"help": "task loss C: a registered cost or a weighted sum, e.g. 'edit=1,rep=0.5'"}
     )
-    mgs_decoder: ChoiceEnum(["greedy", "beam", "sample"]) = field(
-        default="greedy", metadata={"help": "decoding algorithm F used to compute C"}
+    mgs_decoder: ChoiceEnum(STRATEGIES) = field(
+        default="greedy", metadata={"help": "decoding algorithm F used to compute C",
+                                    "parameter": (DecodeConfig, "strategy")}
     )
-    mgs_beam: int = field(default=4, metadata={"help": "beam size when --mgs-decoder beam"})
+    mgs_beam: int = field(default=4, metadata={"help": "beam size when --mgs-decoder beam",
+                                               "parameter": (DecodeConfig, "beam_size")})
     mgs_max_len_ratio: float = field(
-        default=1.3, metadata={"help": "maximum decoding length: this times the longest reference in the batch"}
+        default=1.3, metadata={"help": "maximum decoding length: this times the longest reference in the batch",
+                               "parameter": (DecodeConfig, "max_len_ref_ratio")}
     )
     mgs_mle_clip: float = field(default=1.0, metadata={"help": "clip the MLE gradient to this L2 norm (<= 0: off)"})
     mgs_direction_clip: float = field(
@@ -89,10 +101,7 @@ class MGSCriterion(FairseqCriterion):
                  mgs_task_loss="sbleu", mgs_decoder="greedy", mgs_beam=4, mgs_max_len_ratio=1.3, mgs_mle_clip=1.0,
                  mgs_direction_clip=1.0, mgs_score_model=None, mgs_post_process="auto", seed=1):
         super().__init__(task)
-        if not mgs_alpha > 0:
-            raise ConfigError(f"--mgs-alpha must be > 0, got {mgs_alpha}")
-        if not mgs_max_len_ratio > 0:
-            raise ConfigError(f"--mgs-max-len-ratio must be > 0, got {mgs_max_len_ratio}")
+        check_options(MGSConfig, locals())
         if mgs_score_model and not os.path.isfile(mgs_score_model):
             raise ConfigError(f"--mgs-score-model: no such file {mgs_score_model}")
         check_model_at_start(task, lambda model: check_candidate_model(task, model, "mgs"))

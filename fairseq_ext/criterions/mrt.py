@@ -14,22 +14,26 @@ import torch
 from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from fairseq_ext.runtime.cli import ConfigError
+from fairseq_ext.core.constraints import above, at_least
 from fairseq_ext.core.risk import distinct_mask, mrt_distribution, mrt_risk, normalize_costs, scale_gradient
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
-from fairseq_ext.decoding.candidates import DecodeConfig
+from fairseq_ext.decoding.candidates import STRATEGIES, DecodeConfig
 from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.decoding.scoring import BatchScorer
+from fairseq_ext.runtime.validation import check_options
 
 
 @dataclass
 class MRTConfig(FairseqDataclass):
-    mrt_candidates: int = field(default=8, metadata={"help": "S, candidates drawn per input (repeats count once)"})
-    mrt_decoder: ChoiceEnum(["sample", "beam"]) = field(default="sample", metadata={"help": "how candidates are drawn"})
-    mrt_topk: int = field(default=0, metadata={"help": "top-k for sampling (0: full distribution)"})
+    mrt_candidates: int = field(default=8, metadata={"help": "S, candidates drawn per input (repeats count once)",
+                                                     "parameter": (DecodeConfig, "num_candidates")})
+    mrt_decoder: ChoiceEnum([s for s in STRATEGIES if s != "greedy"]) = field(
+        default="sample", metadata={"help": "how candidates are drawn", "parameter": (DecodeConfig, "strategy")})
+    mrt_topk: int = field(default=0, metadata={"help": "top-k for sampling (0: full distribution)",
+                                               "parameter": (DecodeConfig, "topk")})
     mrt_alpha: float = field(
         default=0.005, metadata={"help": "sharpness alpha of q = p^alpha / Z on summed log-probabilities (eq. 6); "
-                                         "Shen et al. (2016) use 0.005"}
+                                         "Shen et al. (2016) use 0.005", "constraint": above(0)}
     )
     mrt_include_reference: bool = field(
         default=False, metadata={"help": "add the reference to the candidate set when no candidate equals it"}
@@ -41,10 +45,12 @@ class MRTConfig(FairseqDataclass):
     )
     mrt_normalize_costs: bool = field(default=False, metadata={"help": "min-max normalise costs per input"})
     mrt_mle_weight: float = field(
-        default=0.1, metadata={"help": "weight of the reference's per-token NLL added to each sentence's risk"}
+        default=0.1, metadata={"help": "weight of the reference's per-token NLL added to each sentence's risk",
+                               "constraint": at_least(0)}
     )
     mrt_task_loss: str = field(default="sbleu", metadata={"help": "task loss: a registered cost or 'edit=1,rep=0.5'"})
-    mrt_max_len_ratio: float = field(default=1.3, metadata={"help": "max length: ratio x longest reference"})
+    mrt_max_len_ratio: float = field(default=1.3, metadata={"help": "max length: ratio x longest reference",
+                                                            "parameter": (DecodeConfig, "max_len_ref_ratio")})
     mrt_post_process: str = field(default="auto", metadata={"help": POST_PROCESS_HELP})
 
 
@@ -55,10 +61,7 @@ class MRTCriterion(CandidateRiskCriterion):
     def __init__(self, task, mrt_candidates=8, mrt_decoder="sample", mrt_topk=0, mrt_alpha=0.005,
                  mrt_include_reference=False, mrt_length_normalize=False, mrt_normalize_costs=False,
                  mrt_mle_weight=0.1, mrt_task_loss="sbleu", mrt_max_len_ratio=1.3, mrt_post_process="auto"):
-        if mrt_candidates < 1:
-            raise ConfigError(f"--mrt-candidates must be >= 1, got {mrt_candidates}")
-        if not mrt_alpha > 0:
-            raise ConfigError(f"--mrt-alpha must be > 0, got {mrt_alpha}")
+        check_options(MRTConfig, locals())
         scorer = BatchScorer(task, mrt_task_loss, post_process=mrt_post_process, criterion="mrt")
         decode_cfg = DecodeConfig(strategy=str(mrt_decoder), num_candidates=mrt_candidates, topk=mrt_topk,
                                   max_len_ref_ratio=mrt_max_len_ratio)

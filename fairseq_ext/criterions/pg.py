@@ -17,28 +17,35 @@ from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_ext.runtime.cli import ConfigError
+from fairseq_ext.core.constraints import at_least
 from fairseq_ext.core.risk import MovingAverageBaseline, leave_one_out_baseline, reinforce_loss
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
 from fairseq_ext.runtime.distributed import pooled_mean
 from fairseq_ext.decoding.candidates import DecodeConfig
 from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.decoding.scoring import BatchScorer
+from fairseq_ext.runtime.validation import check_options
 
 
 @dataclass
 class PGConfig(FairseqDataclass):
-    pg_samples: int = field(default=4, metadata={"help": "samples per input"})
-    pg_topk: int = field(default=0, metadata={"help": "top-k for sampling (0: full distribution, unbiased)"})
+    pg_samples: int = field(default=4, metadata={"help": "samples per input",
+                                                 "parameter": (DecodeConfig, "num_candidates")})
+    pg_topk: int = field(default=0, metadata={"help": "top-k for sampling (0: full distribution, unbiased)",
+                                              "parameter": (DecodeConfig, "topk")})
     pg_baseline: ChoiceEnum(["loo", "moving", "greedy", "none"]) = field(
         default="loo", metadata={"help": "mean cost of the input's other samples, lagged moving average, "
                                          "self-critical greedy cost, or none"}
     )
-    pg_baseline_decay: float = field(default=0.9, metadata={"help": "decay of the moving-average baseline"})
+    pg_baseline_decay: float = field(default=0.9, metadata={"help": "decay of the moving-average baseline",
+                                                            "parameter": (MovingAverageBaseline, "decay")})
     pg_mle_weight: float = field(
-        default=0.1, metadata={"help": "weight of the reference's per-token NLL added to each sentence's loss"}
+        default=0.1, metadata={"help": "weight of the reference's per-token NLL added to each sentence's loss",
+                               "constraint": at_least(0)}
     )
     pg_task_loss: str = field(default="sbleu", metadata={"help": "task loss: a registered cost or 'edit=1,rep=0.5'"})
-    pg_max_len_ratio: float = field(default=1.3, metadata={"help": "max length: ratio x longest reference"})
+    pg_max_len_ratio: float = field(default=1.3, metadata={"help": "max length: ratio x longest reference",
+                                                           "parameter": (DecodeConfig, "max_len_ref_ratio")})
     pg_post_process: str = field(default="auto", metadata={"help": POST_PROCESS_HELP})
 
 
@@ -48,8 +55,7 @@ class PGCriterion(CandidateRiskCriterion):
 
     def __init__(self, task, pg_samples=4, pg_topk=0, pg_baseline="loo", pg_baseline_decay=0.9,
                  pg_mle_weight=0.1, pg_task_loss="sbleu", pg_max_len_ratio=1.3, pg_post_process="auto"):
-        if pg_samples < 1:
-            raise ConfigError(f"--pg-samples must be >= 1, got {pg_samples}")
+        check_options(PGConfig, locals())
         if str(pg_baseline) == "loo" and pg_samples < 2:
             raise ConfigError(f"--pg-baseline loo needs --pg-samples >= 2 (the other samples), got {pg_samples}")
         scorer = BatchScorer(task, pg_task_loss, post_process=pg_post_process, criterion="pg")

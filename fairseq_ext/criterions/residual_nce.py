@@ -12,6 +12,10 @@ positive m : 1 and the optimum moves by + log m (see core/residual.nce_loss).
 Logged (training and validation): ``loss`` (nats per prefix, not bits),
 ``e_pos`` / ``e_neg`` (mean energy of positives / negatives), ``acc_pos`` /
 ``acc_neg`` (E_+ < 0, E_- > 0) and ``acc`` their mean (class-balanced accuracy).
+
+It needs task ``residual_lm`` and the negatives of every split it reads: built,
+it makes the task refuse, when loading it, a split without them (before training
+starts).
 """
 from dataclasses import dataclass, field
 
@@ -21,15 +25,17 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_ext.runtime.cli import ConfigError
-from fairseq_ext.core.residual import nce_accuracy, nce_loss
+from fairseq_ext.core.residual import NEG_WEIGHTINGS, nce_accuracy, nce_loss
+from fairseq_ext.runtime.validation import check_options
 
 
 @dataclass
 class ResidualNCEConfig(FairseqDataclass):
-    nce_neg_weighting: ChoiceEnum(["mean", "sum"]) = field(
+    nce_neg_weighting: ChoiceEnum(NEG_WEIGHTINGS) = field(
         default="mean",
         metadata={"help": "mean: the m negatives weigh as much as the positive (Theorem 1's optimum); "
-                          "sum: each negative weighs as much as the positive (optimum shifted by log m)"},
+                          "sum: each negative weighs as much as the positive (optimum shifted by log m)",
+                  "parameter": (nce_loss, "neg_weighting")},
     )
 
 
@@ -37,12 +43,13 @@ class ResidualNCEConfig(FairseqDataclass):
 class ResidualNCECriterion(FairseqCriterion):
     def __init__(self, task, nce_neg_weighting="mean"):
         super().__init__(task)
+        check_options(ResidualNCEConfig, locals())
+        if not hasattr(task, "require_negatives"):
+            raise ConfigError(f"--criterion residual_nce needs --task residual_lm, got {type(task).__name__}")
+        task.require_negatives("--criterion residual_nce")
         self.neg_weighting = nce_neg_weighting
 
     def forward(self, model, sample, reduce=True):
-        if "negatives" not in sample:
-            raise ConfigError("residual_nce: this split has no negatives: run scripts/prepare/sample_negatives.py "
-                             "(it writes {split}.negatives.pt next to the data or into --negatives-dir)")
         pos, neg = sample["positive"], sample["negatives"]  # (B, T), (B, m, T)
         bsz, m, length = neg.shape
         energy = model(torch.cat([pos, neg.reshape(bsz * m, length)], 0))

@@ -31,10 +31,12 @@ from omegaconf import II
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.relaxations import DECISION_MODES
 from fairseq_ext.core.schedules import EPS_SCHEDULES, check_eps_schedule, exponential_growth, teacher_forcing_prob
+from fairseq_ext.core.constraints import at_least
 from fairseq_ext.core.token_losses import label_smoothed_nll
-from fairseq_ext.runtime.clock import TrainingClock, check_model_at_start
+from fairseq_ext.runtime.clock import UNITS, TrainingClock, check_model_at_start
 from fairseq_ext.runtime.distributed import forward_in_wrapper
 from fairseq_ext.decoding.soft_inputs import check_step_decodable, make_noise_fn, run_scheduled_sampling
+from fairseq_ext.runtime.validation import as_options, check_options
 
 
 @dataclass
@@ -47,30 +49,39 @@ class DSSConfig(FairseqDataclass):
     dss_schedule: ChoiceEnum(EPS_SCHEDULES) = field(
         default="inverse_sigmoid",
         metadata={"help": "decay of eps, the gold-token probability, after the warm-up: k/(k+exp(t/k)), "
-                          "k^t, 1-slope*t, or 0 (always feed the model's decisions)"},
+                          "k^t, 1-slope*t, or 0 (always feed the model's decisions)",
+                  "parameter": (check_eps_schedule, "schedule")},
     )
-    dss_schedule_unit: ChoiceEnum(["epoch", "update"]) = field(
+    dss_schedule_unit: ChoiceEnum(UNITS) = field(
         default="epoch", metadata={"help": "t counts epochs completed or updates done"}
     )
     dss_warmup: float = field(
-        default=1.0, metadata={"help": "teacher forcing (eps = 1) for this many schedule units first"}
+        default=1.0, metadata={"help": "teacher forcing (eps = 1) for this many schedule units first",
+                               "constraint": at_least(0)}
     )
     dss_decay_k: float = field(
-        default=10.0, metadata={"help": "k: inverse sigmoid strength (>= 1, larger = gentler) or exponential base"}
+        default=10.0, metadata={"help": "k: inverse sigmoid strength (>= 1, larger = gentler) or exponential base",
+                                "parameter": (check_eps_schedule, "k")}
     )
-    dss_decay_slope: float = field(default=0.1, metadata={"help": "slope of the linear schedule"})
-    dss_min_eps: float = field(default=0.0, metadata={"help": "floor of eps"})
-    dss_alpha: float = field(default=1.0, metadata={"help": "alpha of the peaked softmax (soft modes)"})
+    dss_decay_slope: float = field(default=0.1, metadata={"help": "slope of the linear schedule",
+                                                          "parameter": (check_eps_schedule, "slope")})
+    dss_min_eps: float = field(default=0.0, metadata={"help": "floor of eps",
+                                                      "parameter": (check_eps_schedule, "min_eps")})
+    dss_alpha: float = field(default=1.0, metadata={"help": "alpha of the peaked softmax (soft modes)",
+                                                    "parameter": (exponential_growth, "value0")})
     dss_alpha_growth: float = field(
-        default=1.0, metadata={"help": "alpha is multiplied by this per schedule unit after the warm-up (1 = fixed)"}
+        default=1.0, metadata={"help": "alpha is multiplied by this per schedule unit after the warm-up (1 = fixed)",
+                               "parameter": (exponential_growth, "growth")}
     )
     dss_alpha_max: float = field(default=1e4, metadata={"help": "cap of the annealed alpha"})
     dss_passes: int = field(
         default=0,
         metadata={"help": "0: exact left-to-right decoding; P >= 2: P parallel passes, each fed the previous "
-                          "pass's decisions (approximation, faster for transformers)"},
+                          "pass's decisions (approximation, faster for transformers)",
+                  "parameter": (run_scheduled_sampling, "passes")},
     )
-    label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing epsilon"})
+    label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing epsilon",
+                                                          "parameter": (label_smoothed_nll, "epsilon")})
     sentence_avg: bool = II("optimization.sentence_avg")
 
 
@@ -80,20 +91,11 @@ class DifferentiableScheduledSampling(FairseqCriterion):
                  dss_warmup=1.0, dss_decay_k=10.0, dss_decay_slope=0.1, dss_min_eps=0.0, dss_alpha=1.0,
                  dss_alpha_growth=1.0, dss_alpha_max=1e4, dss_passes=0, label_smoothing=0.0, sentence_avg=False):
         super().__init__(task)
-        try:
+        check_options(DSSConfig, locals())
+        with as_options(DSSConfig):
             check_eps_schedule(str(dss_schedule), dss_decay_k, dss_decay_slope, dss_min_eps)
-        except ValueError as e:
-            raise ConfigError(f"--dss-schedule {dss_schedule}: {e} (--dss-decay-k / --dss-decay-slope / "
-                             "--dss-min-eps)") from None
-        if not dss_alpha > 0 or not dss_alpha_growth > 0 or not dss_alpha_max >= dss_alpha:
-            raise ConfigError("--dss-alpha and --dss-alpha-growth must be > 0 and --dss-alpha-max >= --dss-alpha, "
-                             f"got {dss_alpha}, {dss_alpha_growth}, {dss_alpha_max}")
-        if dss_passes == 1 or dss_passes < 0:
-            raise ConfigError(f"--dss-passes must be 0 (exact) or >= 2, got {dss_passes}")
-        if dss_warmup < 0:
-            raise ConfigError(f"--dss-warmup must be >= 0, got {dss_warmup}")
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ConfigError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
+        if not dss_alpha_max >= dss_alpha:
+            raise ConfigError(f"--dss-alpha-max must be >= --dss-alpha, got {dss_alpha_max} and {dss_alpha}")
         self.mode = str(dss_mode)
         self.schedule = str(dss_schedule)
         self.unit = str(dss_schedule_unit)

@@ -16,13 +16,14 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
 from omegaconf import II
 
-from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.token_losses import self_normalized_nll
+from fairseq_ext.runtime.validation import check_options
 
 
 @dataclass
 class SelfNormalizedCEConfig(FairseqDataclass):
-    self_norm_lambda: float = field(default=0.1, metadata={"help": "lambda, weight of sum_t (log Z_t)^2"})
+    self_norm_lambda: float = field(default=0.1, metadata={"help": "lambda, weight of sum_t (log Z_t)^2",
+                                                           "parameter": (self_normalized_nll, "lam")})
     sentence_avg: bool = II("optimization.sentence_avg")
 
 
@@ -30,8 +31,7 @@ class SelfNormalizedCEConfig(FairseqDataclass):
 class SelfNormalizedCE(FairseqCriterion):
     def __init__(self, task, self_norm_lambda=0.1, sentence_avg=False):
         super().__init__(task)
-        if not self_norm_lambda >= 0:
-            raise ConfigError(f"--self-norm-lambda must be >= 0, got {self_norm_lambda}")
+        check_options(SelfNormalizedCEConfig, locals())
         self.lam = self_norm_lambda
         self.sentence_avg = sentence_avg
 

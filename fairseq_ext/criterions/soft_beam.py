@@ -39,6 +39,7 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_ext.runtime.cli import ConfigError
+from fairseq_ext.core.constraints import above, at_least
 from fairseq_ext.core.schedules import ALPHA_SCHEDULES, interpolated
 from fairseq_ext.core.soft_beam import (
     hamming_step_costs,
@@ -57,17 +58,23 @@ from fairseq_ext.decoding.soft_beam import (
     run_beam,
 )
 from fairseq_ext.decoding.soft_inputs import check_step_decodable
+from fairseq_ext.runtime.validation import as_options, check_options
 
 
 @dataclass
 class SoftBeamConfig(FairseqDataclass):
-    soft_beam_size: int = field(default=3, metadata={"help": "k, the beam size of the relaxed beam (thesis: 3)"})
-    soft_beam_alpha: float = field(default=1.0, metadata={"help": "alpha_0 of the peaked softmax"})
+    soft_beam_size: int = field(default=3, metadata={"help": "k, the beam size of the relaxed beam (thesis: 3)",
+                                                     "constraint": at_least(1)})
+    soft_beam_alpha: float = field(default=1.0, metadata={"help": "alpha_0 of the peaked softmax", "constraint": above(0),
+                                                          "parameter": (interpolated, "value0")})
     soft_beam_alpha_schedule: ChoiceEnum(ALPHA_SCHEDULES) = field(
-        default="fixed", metadata={"help": "alpha fixed, or growing linearly / geometrically to --soft-beam-alpha-final"}
+        default="fixed", metadata={"help": "alpha fixed, or growing linearly / geometrically to --soft-beam-alpha-final",
+                                   "parameter": (interpolated, "schedule")}
     )
-    soft_beam_alpha_final: float = field(default=1.0, metadata={"help": "alpha_1, reached after --soft-beam-alpha-updates"})
-    soft_beam_alpha_updates: int = field(default=1000, metadata={"help": "N, updates to go from alpha_0 to alpha_1"})
+    soft_beam_alpha_final: float = field(default=1.0, metadata={"help": "alpha_1, reached after --soft-beam-alpha-updates",
+                                                                "parameter": (interpolated, "value1")})
+    soft_beam_alpha_updates: int = field(default=1000, metadata={"help": "N, updates to go from alpha_0 to alpha_1",
+                                                                 "parameter": (interpolated, "horizon")})
     normalization: ChoiceEnum(NORMALIZATIONS) = field(
         default="local", metadata={"help": "local: log-softmax scores; global: raw logits (globally normalised)"}
     )
@@ -77,7 +84,8 @@ class SoftBeamConfig(FairseqDataclass):
     )
     soft_beam_extra_len: int = field(
         default=2, metadata={"help": "translation: the search may run this many tokens past the reference length, "
-                                     "then EOS is forced (tagging searches the gold length)"})
+                                     "then EOS is forced (tagging searches the gold length)",
+                    "constraint": at_least(0)})
     soft_beam_dropout: ChoiceEnum(DROPOUT_MODES) = field(
         default="none", metadata={"help": "dropout of the search pass: none (eval mode), shared (one mask per sentence "
                                           "for its beam rows) or independent (every beam row its own)"})
@@ -90,21 +98,14 @@ class _SoftBeamCriterion(FairseqCriterion):
                  soft_beam_alpha_final=1.0, soft_beam_alpha_updates=1000, normalization="local", hamming_weights="",
                  soft_beam_extra_len=2, soft_beam_dropout="none"):
         super().__init__(task)
-        if soft_beam_size < 1:
-            raise ConfigError(f"--soft-beam-size must be >= 1, got {soft_beam_size}")
+        check_options(SoftBeamConfig, locals())
         self.k = soft_beam_size
         self.schedule = str(soft_beam_alpha_schedule)
         self.alpha0, self.alpha1, self.alpha_updates = soft_beam_alpha, soft_beam_alpha_final, soft_beam_alpha_updates
-        try:
+        with as_options(SoftBeamConfig):
             interpolated(self.schedule, self.alpha0, self.alpha1, 0, self.alpha_updates)
-        except ValueError as e:
-            raise ConfigError(f"--soft-beam-alpha-schedule {self.schedule}: {e}") from None
-        if not soft_beam_alpha > 0:
-            raise ConfigError(f"--soft-beam-alpha must be > 0, got {soft_beam_alpha}")
         self.normalization = str(normalization)
         remember_normalization(task, self.normalization)
-        if soft_beam_extra_len < 0:
-            raise ConfigError(f"--soft-beam-extra-len must be >= 0, got {soft_beam_extra_len}")
         self.extra_len, self.dropout = soft_beam_extra_len, str(soft_beam_dropout)
         self.open_length = not getattr(task, "forced_output_length", False)
         self.eos = task.target_dictionary.eos()

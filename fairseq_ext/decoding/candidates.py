@@ -12,13 +12,14 @@ decoder-only language models continuing a prefix (``transformer_lm``). Dropout
 is off while decoding; the model's train/eval mode is restored afterwards.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor
 
-from fairseq_ext.core.sampling import choose_tokens
+from fairseq_ext.core.constraints import CONSTRAINT, OneOf, ParameterError, above, at_least, check_fields, constraint_of
+from fairseq_ext.core.sampling import choose_tokens, filter_logits
 
 STRATEGIES = ("greedy", "sample", "beam")
 
@@ -39,28 +40,22 @@ class DecodeConfig:
         longest reference in the batch) (MGS uses 1.3).
     """
 
-    strategy: str = "greedy"
-    num_candidates: int = 1
-    beam_size: Optional[int] = None
-    temperature: float = 1.0
-    topk: int = 0
-    topp: float = 1.0
-    min_len: int = 1
+    strategy: str = field(default="greedy", metadata={CONSTRAINT: OneOf(STRATEGIES)})
+    num_candidates: int = field(default=1, metadata={CONSTRAINT: at_least(1)})
+    beam_size: Optional[int] = field(default=None, metadata={CONSTRAINT: at_least(1)})
+    temperature: float = field(default=1.0, metadata={CONSTRAINT: constraint_of(choose_tokens, "temperature")})
+    topk: int = field(default=0, metadata={CONSTRAINT: constraint_of(filter_logits, "topk")})
+    topp: float = field(default=1.0, metadata={CONSTRAINT: constraint_of(filter_logits, "topp")})
+    min_len: int = field(default=1, metadata={CONSTRAINT: at_least(0)})
     max_len_a: float = 0.0
     max_len_b: int = 200
-    max_len_ref_ratio: Optional[float] = None
+    max_len_ref_ratio: Optional[float] = field(default=None, metadata={CONSTRAINT: above(0)})
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"decoding strategy must be one of {STRATEGIES}, got {self.strategy!r}")
-        if self.num_candidates < 1:
-            raise ValueError(f"num_candidates must be >= 1, got {self.num_candidates}")
+        check_fields(self)  # ParameterError naming the field
         if self.strategy == "greedy" and self.num_candidates != 1:
-            raise ValueError("greedy decoding yields one candidate per input (num_candidates=1)")
-        if self.min_len < 0:
-            raise ValueError(f"min_len must be >= 0, got {self.min_len}")
-        if self.max_len_ref_ratio is not None and self.max_len_ref_ratio <= 0:
-            raise ValueError(f"max_len_ref_ratio must be > 0, got {self.max_len_ref_ratio}")
+            raise ParameterError(DecodeConfig, "num_candidates", "must be 1 for greedy decoding (one candidate per "
+                                 f"input), got {self.num_candidates!r}")
 
 
 @dataclass

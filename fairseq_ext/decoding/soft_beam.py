@@ -49,6 +49,7 @@ from fairseq.modules import FairseqDropout
 from torch import Tensor
 
 from fairseq_ext.runtime.cli import ConfigError
+from fairseq_ext.core.constraints import above
 from fairseq_ext.core.soft_beam import hard_beam_step, soft_beam_step
 from fairseq_ext.decoding.soft_inputs import (
     EmbeddingOverride,
@@ -366,7 +367,8 @@ class BeamSearchConfig(FairseqDataclass):
         default="checkpoint", metadata={"help": "scores of the hard / soft search: the --normalization the checkpoint "
                                                 "was trained with (local if none), log-softmax (local) or raw logits "
                                                 "(global, a globally normalised model)"})
-    search_alpha: float = field(default=1.0, metadata={"help": "alpha of the soft search (section 4.3.4)"})
+    search_alpha: float = field(default=1.0, metadata={"help": "alpha of the soft search (section 4.3.4)",
+                                                       "constraint": above(0)})
 
 
 def trained_normalization(task) -> Optional[str]:
@@ -433,8 +435,6 @@ class BeamGenerator:
             raise ConfigError("soft / raw-score beam search decodes with one model (no ensembles)")
         if beam < 1:
             raise ConfigError(f"--beam must be >= 1, got {beam}")
-        if soft and not alpha > 0:
-            raise ConfigError(f"--search-alpha must be > 0, got {alpha}")
         self.model, self.tgt_dict = models[0], tgt_dict
         self.beam, self.alpha, self.normalization, self.soft = beam, alpha, normalization, soft
         self.max_len_a, self.max_len_b = max_len_a, max_len_b

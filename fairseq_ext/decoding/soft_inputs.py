@@ -23,6 +23,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from fairseq_ext.runtime.cli import ConfigError
+from fairseq_ext.core.constraints import Rule, check_arguments, declare
 from fairseq_ext.core.relaxations import decision_embedding, gumbel_noise, is_sample
 
 NoiseFn = Callable[[Tensor], Tensor]
@@ -108,6 +109,7 @@ def make_noise_fn(mode: str, generator: Optional[torch.Generator] = None) -> Opt
     return lambda scores: gumbel_noise(scores.shape, generator=generator, device=scores.device, dtype=torch.float32)
 
 
+@declare(passes=Rule(lambda p: p == 0 or p >= 2, "0 (exact) or >= 2", counterexample=1))
 def run_scheduled_sampling(
     model,
     net_input: Dict[str, Tensor],
@@ -134,8 +136,7 @@ def run_scheduled_sampling(
     (T tensors (N, V)) the decisions were taken on in the exact mode (empty list
     for passes >= 2).
     """
-    if passes == 1 or passes < 0:
-        raise ValueError(f"passes must be 0 (exact) or >= 2, got {passes}")
+    check_arguments(run_scheduled_sampling, passes=passes)
     if is_sample(mode) and noise_fn is None:
         raise ValueError(f"mode {mode!r} needs a noise_fn")
     decoder = model.decoder

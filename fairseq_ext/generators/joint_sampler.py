@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from fairseq_ext.runtime.cli import ConfigError
+from fairseq_ext.core.constraints import at_least, check_arguments, declare
 from fairseq_ext.core.residual import resample
 from fairseq_ext.core.sampling import batch_generator, choose_tokens
 
@@ -73,6 +74,7 @@ def energies_in_batches(energy_fn: Callable[[Tensor], Tensor], sequences: Tensor
     return torch.cat([energy_fn(chunk) for chunk in sequences.split(batch_size)])
 
 
+@declare(n=at_least(1), num_outputs=at_least(1))
 class JointSampler:
     """Algorithm 1: per prefix, n continuations from the base LM (top-k when k > 0),
     their energies in batches, then ``num_outputs`` picks in proportion to exp(-E)
@@ -87,8 +89,7 @@ class JointSampler:
 
     def __init__(self, base_lm, length: int, n: int, topk: int = 0, num_outputs: int = 1,
                  energy_batch_size: int = 64, generator: Optional[torch.Generator] = None, seed: int = 1):
-        if n < 1 or num_outputs < 1:
-            raise ValueError(f"joint sampler needs n >= 1 and num_outputs >= 1, got {n}, {num_outputs}")
+        check_arguments(JointSampler, n=n, num_outputs=num_outputs)
         self.base_lm, self.length, self.n, self.topk = base_lm, length, n, topk
         self.num_outputs, self.energy_batch_size, self.generator = num_outputs, energy_batch_size, generator
         self.seed = seed

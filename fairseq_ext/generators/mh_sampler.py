@@ -18,6 +18,7 @@ from torch import Tensor
 
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core import mcmc
+from fairseq_ext.core.constraints import OneOf, at_least, check_arguments, declare
 from fairseq_ext.core.sampling import batch_generator
 
 logger = logging.getLogger(__name__)
@@ -63,21 +64,7 @@ def forbidden_symbols(tgt_dict, device=None, size: Optional[int] = None) -> Tens
     return out
 
 
-def check_options(cfg: mcmc.MHConfig, chains: int, init: str, output: str = "final") -> mcmc.MHConfig:
-    """Raise ConfigError naming the first bad ``--mh-*`` option; returns ``cfg``."""
-    try:
-        cfg.check(prefix="--mh-")
-    except ValueError as e:
-        raise ConfigError(f"translation_mh: {e}") from None
-    if chains < 1:
-        raise ConfigError(f"translation_mh: --mh-chains must be >= 1, got {chains}")
-    if init not in INITS:
-        raise ConfigError(f"translation_mh: --mh-init must be one of {INITS}, got {init!r}")
-    if output not in OUTPUTS:
-        raise ConfigError(f"translation_mh: --mh-output must be one of {OUTPUTS}, got {output!r}")
-    return cfg
-
-
+@declare(chains=at_least(1), init=OneOf(INITS), output=OneOf(OUTPUTS))
 class MHSampler:
     """``generate(models, sample)`` for fairseq-generate: ``chains`` Markov chains per
     sentence, all sentences and chains of a batch advanced together."""
@@ -87,7 +74,8 @@ class MHSampler:
         if len(models) != 1:
             raise ConfigError("translation_mh: ensembles are not supported; give one checkpoint in --path")
         check_cmlm(models[0])
-        self.cfg = check_options(cfg, chains, init, output)
+        check_arguments(MHSampler, chains=chains, init=init, output=output)
+        self.cfg = cfg.check()
         if cfg.top_p < 1 and cfg.nucleus_mix == 0:
             logger.warning("translation_mh: --mh-top-p %g with --mh-nucleus-mix 0: the chain may be reducible and then "
                            "samples the target only among the states reachable from its start (docs/mh_sampler.md)",

@@ -22,7 +22,9 @@ from fairseq.models import BaseFairseqModel, register_model
 from fairseq.models.transformer import TransformerConfig, TransformerEncoderBase
 from torch import Tensor, nn
 
+from fairseq_ext.core.constraints import at_least, between
 from fairseq_ext.runtime.cli import ConfigError
+from fairseq_ext.runtime.validation import check_options
 
 
 @dataclass
@@ -31,12 +33,15 @@ class ResidualEnergyConfig(FairseqDataclass):
         default="bit",
         metadata={"help": "unit: causal transformer initialised from the base LM; bit: bidirectional encoder"},
     )
-    encoder_layers: int = field(default=2, metadata={"help": "bit: transformer layers"})
-    encoder_embed_dim: int = field(default=64, metadata={"help": "bit: model dimension"})
-    encoder_ffn_embed_dim: int = field(default=128, metadata={"help": "bit: feed-forward dimension"})
-    encoder_attention_heads: int = field(default=4, metadata={"help": "bit: attention heads"})
-    dropout: float = field(default=0.1, metadata={"help": "bit: dropout"})
-    max_positions: int = field(default=512, metadata={"help": "bit: maximum sequence length (learned positions)"})
+    encoder_layers: int = field(default=2, metadata={"help": "bit: transformer layers", "constraint": at_least(1)})
+    encoder_embed_dim: int = field(default=64, metadata={"help": "bit: model dimension", "constraint": at_least(1)})
+    encoder_ffn_embed_dim: int = field(default=128, metadata={"help": "bit: feed-forward dimension",
+                                                              "constraint": at_least(1)})
+    encoder_attention_heads: int = field(default=4, metadata={"help": "bit: attention heads",
+                                                              "constraint": at_least(1)})
+    dropout: float = field(default=0.1, metadata={"help": "bit: dropout", "constraint": between(0, 1)})
+    max_positions: int = field(default=512, metadata={"help": "bit: maximum sequence length (learned positions)",
+                                                      "constraint": at_least(1)})
 
 
 def masked_mean(hidden: Tensor, keep: Tensor) -> Tensor:
@@ -54,6 +59,7 @@ class ResidualEnergyModel(BaseFairseqModel):
 
     @classmethod
     def build_model(cls, cfg: ResidualEnergyConfig, task):
+        check_options(ResidualEnergyConfig, cfg)
         dictionary = task.source_dictionary
         if cfg.energy_variant == "unit":
             base = getattr(task, "base_lm", None)

@@ -42,7 +42,9 @@ from fairseq.models import (
 from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from fairseq_ext.core.constraints import at_least, between
 from fairseq_ext.core.tagging import fixed_attention, force_length
+from fairseq_ext.runtime.validation import check_options
 
 EncoderOut = Dict[str, list]
 State = Dict[str, Optional[Tensor]]
@@ -50,18 +52,22 @@ State = Dict[str, Optional[Tensor]]
 
 @dataclass
 class TaggingLSTMConfig(FairseqDataclass):
-    encoder_embed_dim: int = field(default=100, metadata={"help": "word embedding size"})
+    encoder_embed_dim: int = field(default=100, metadata={"help": "word embedding size", "constraint": at_least(1)})
     encoder_hidden_size: int = field(
-        default=64, metadata={"help": "encoder LSTM size per direction (thesis 4.5.1: 64 for NER)"}
+        default=64, metadata={"help": "encoder LSTM size per direction (thesis 4.5.1: 64 for NER)",
+                              "constraint": at_least(1)}
     )
     unidirectional: bool = field(
         default=False,
         metadata={"help": "left-to-right encoder instead of a BiLSTM (label-bias ablation, thesis 5.4.2)"},
     )
-    decoder_embed_dim: int = field(default=8, metadata={"help": "label embedding size (thesis 4.5.1: 8 for NER)"})
-    decoder_hidden_size: int = field(default=64, metadata={"help": "decoder LSTM size (thesis 4.5.1: 64 for NER)"})
+    decoder_embed_dim: int = field(default=8, metadata={"help": "label embedding size (thesis 4.5.1: 8 for NER)",
+                                                        "constraint": at_least(1)})
+    decoder_hidden_size: int = field(default=64, metadata={"help": "decoder LSTM size (thesis 4.5.1: 64 for NER)",
+                                                           "constraint": at_least(1)})
     dropout: float = field(
-        default=0.2, metadata={"help": "dropout on word embeddings, encoder states and decoder states"}
+        default=0.2, metadata={"help": "dropout on word embeddings, encoder states and decoder states",
+                               "constraint": between(0, 1)}
     )
     no_forced_length: bool = field(
         default=False,
@@ -193,6 +199,7 @@ class TaggingLSTMModel(FairseqEncoderDecoderModel):
 
     @classmethod
     def build_model(cls, cfg: TaggingLSTMConfig, task) -> "TaggingLSTMModel":
+        check_options(TaggingLSTMConfig, cfg)
         max_source, max_target = task.max_positions()
         encoder = TaggingLSTMEncoder(
             task.source_dictionary, cfg.encoder_embed_dim, cfg.encoder_hidden_size, not cfg.unidirectional,

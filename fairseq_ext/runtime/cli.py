@@ -10,7 +10,7 @@ ends with that one line and exit status 2, as argparse does for a bad option:
 ``FAIRSEQ_EXT_TRACEBACK=1`` prints the full traceback instead. Any other
 exception keeps Python's traceback.
 
-fairseq's parser (``fairseq.options.parse_args_and_arch``) gets two changes:
+fairseq's parser (``fairseq.options.parse_args_and_arch``) gets three changes:
 
 * an argparse error about one of the plugin's options (a choice or type error,
   e.g. ``--mgs-decoder beamsearch``) is that one line too, without fairseq's
@@ -19,7 +19,10 @@ fairseq's parser (``fairseq.options.parse_args_and_arch``) gets two changes:
   ``--arch``, ``--optimizer``, ... : fairseq prints help before it adds them,
   so ``fairseq-train --user-dir fairseq_ext --criterion mgs --help`` showed no
   ``--mgs-*`` option. Every plugin option is also listed, without choosing, by
-  ``python -m fairseq_ext.options`` (``fairseq_ext.options``).
+  ``python -m fairseq_ext.options`` (``fairseq_ext.options``);
+* the parsed options of the chosen plugin components are checked against the
+  rules their config dataclasses declare (``runtime.validation``), so a bad
+  value ends the command before fairseq creates ``--save-dir`` or reads data.
 """
 import argparse
 import functools
@@ -85,7 +88,11 @@ def _fairseq_parser(parse_args_and_arch: Callable) -> Callable:
                 return known, rest
 
             parser.parse_known_args = first_parse
-        return parse_args_and_arch(parser, input_args, *args, **kwargs)
+        parsed = parse_args_and_arch(parser, input_args, *args, **kwargs)
+        from fairseq_ext.runtime.validation import check_parsed
+
+        check_parsed(parsed[0] if isinstance(parsed, tuple) else parsed)
+        return parsed
 
     wrapper.__fairseq_ext__ = True
     return wrapper

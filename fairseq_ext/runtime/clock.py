@@ -14,6 +14,8 @@ is not a function of the clock (PG's moving baseline) is carried through
 checkpoints by ``fairseq_ext.runtime.compat.patch_criterion_state``.
 """
 
+UNITS = ("epoch", "update")  # what a schedule counts: epochs completed or updates done
+
 
 class TrainingClock:
     """``epoch`` (1-based, as fairseq counts) and ``num_updates`` (updates done)."""
@@ -45,7 +47,7 @@ class TrainingClock:
             return float(self.epoch - 1)
         if unit == "update":
             return float(self.num_updates)
-        raise ValueError(f"unknown schedule unit {unit!r}; choose epoch or update")
+        raise ValueError(f"unknown schedule unit {unit!r}; choose from {UNITS}")
 
 
 def check_model_at_start(task, check) -> None:

@@ -35,6 +35,12 @@ documented (see its docstring).
 
 Clean exit: ``stop_batch_threads_at_exit`` stops fairseq's background batch
 threads before the interpreter shuts down (see its docstring).
+
+Input mistakes: ``patch_input_errors`` (a data directory or split that does not
+exist) and ``patch_checkpoint_errors`` (a checkpoint that is missing, does not
+load, or does not fit the model, e.g. trained with another dictionary) end the
+command with one line naming the file and the cause, exit status 2
+(``runtime.cli.ConfigError``), instead of a traceback (see their docstrings).
 """
 import atexit
 import functools
@@ -42,14 +48,17 @@ import inspect
 import logging
 import os
 import queue
+import re
 import shutil
 import tempfile
 import threading
 import time
 import types
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
+
+from fairseq_ext.runtime.cli import ConfigError
 
 # torch < 1.13 has no weights_only argument and always unpickles.
 _HAS_WEIGHTS_ONLY = "weights_only" in inspect.signature(torch.load).parameters
@@ -355,3 +364,203 @@ def stop_batch_threads_at_exit() -> None:
         return
     atexit.register(_stop_background_consumers)
     stop_batch_threads_at_exit.done = True
+
+
+def _not_found(error: OSError) -> str:
+    """``FILE: no such file or directory`` from an OSError that names its file, else its message."""
+    if error.filename:
+        return f"{error.filename}: {(error.strerror or 'no such file').lower()}"
+    return str(error)
+
+
+def _with_input_errors(load_dataset: Callable) -> Callable:
+    @functools.wraps(load_dataset)
+    def checked(split, *args, **kwargs):
+        try:
+            return load_dataset(split, *args, **kwargs)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            raise ConfigError(f"split {split}: {_not_found(e)}") from e
+
+    return checked
+
+
+def patch_input_errors() -> None:
+    """A data directory or split that does not exist ends the command with one line
+    naming the path (``ConfigError``), not fairseq's ``FileNotFoundError`` traceback
+    (idempotent).
+
+    ``fairseq.tasks.setup_task`` (every command sets its task up with it): a
+    ``FileNotFoundError`` / ``NotADirectoryError`` becomes ``DATA: no such data
+    directory`` when a path of the task's ``data`` (``:``-separated) does not exist,
+    else ``FILE: no such file or directory`` (a dictionary the task reads, e.g. a
+    wrong ``--source-lang``). The task it returns raises the same one line from
+    ``load_dataset`` for a missing split (``--valid-subset``, ``--gen-subset``, ...):
+    ``split valid: Dataset not found: valid (DATA)``. Nothing else changes: a task
+    that finds its files behaves as before."""
+    from fairseq import tasks, utils
+
+    setup_task = tasks.setup_task
+    if getattr(setup_task, "__fairseq_ext_inputs__", False):
+        return
+
+    @functools.wraps(setup_task)
+    def checked_setup_task(cfg, **kwargs):
+        try:
+            task = setup_task(cfg, **kwargs)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            data = getattr(cfg, "data", None)
+            missing = [p for p in utils.split_paths(data) if not os.path.exists(p)] \
+                if isinstance(data, str) and data and "://" not in data else []
+            if missing:
+                raise ConfigError(f"{missing[0]}: no such data directory") from e
+            raise ConfigError(_not_found(e)) from e
+        task.load_dataset = _with_input_errors(task.load_dataset)
+        return task
+
+    checked_setup_task.__fairseq_ext_inputs__ = True
+    tasks.setup_task = checked_setup_task
+
+
+def _shape(text: str) -> str:
+    return "[" + text.strip() + "]"
+
+
+def state_dict_mismatch(path: str, error: BaseException, dictionaries=()) -> Optional[str]:
+    """What a ``load_state_dict`` error (``error`` or an exception it caused) says about
+    ``path``, in one line, or None if it is not one. A size mismatch in the
+    dictionary dimension (the model's side equals the length of one of
+    ``dictionaries``) is named as such."""
+    while error is not None and not (isinstance(error, RuntimeError)
+                                     and "Error(s) in loading state_dict" in str(error)):
+        error = error.__cause__ or error.__context__
+    if error is None:
+        return None
+    text = str(error)
+    sizes = re.findall(r"size mismatch for (\S+): copying a param with shape torch\.Size\(\[([^\]]*)\]\) from "
+                       r"checkpoint, the shape in current model is torch\.Size\(\[([^\]]*)\]\)", text)
+    lengths = {len(d) for d in dictionaries if d is not None}
+    for name, saved, built in sizes:
+        saved_rows, built_rows = saved.split(",")[0].strip(), built.split(",")[0].strip()
+        if saved_rows != built_rows and built_rows.isdigit() and int(built_rows) in lengths:
+            return (f"{path}: the checkpoint's dictionary has {saved_rows} entries, the data's {built_rows}: it was "
+                    f"trained with another dictionary (size mismatch for {name}: {_shape(saved)} in the checkpoint, "
+                    f"{_shape(built)} in the model)")
+    if sizes:
+        name, saved, built = sizes[0]
+        return (f"{path}: does not fit the model: {name} is {_shape(saved)} in the checkpoint, {_shape(built)} in the "
+                f"model (were --arch and the model options the ones it was trained with?)")
+    keys = []
+    for kind in ("Missing", "Unexpected"):
+        m = re.search(kind + r' key\(s\) in state_dict: (.*?)\.\s*$', text, re.M)
+        if m:
+            names = re.findall(r'"([^"]+)"', m.group(1))
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            keys.append(f"{kind.lower()} {', '.join(names[:3])}{more}")
+    detail = "; ".join(keys) or text.strip().splitlines()[0]
+    return f"{path}: does not fit the model ({detail}; were --arch and the model options the ones it was trained with?)"
+
+
+def _dictionaries(task) -> list:
+    out = []
+    for name in ("source_dictionary", "target_dictionary"):
+        try:
+            out.append(getattr(task, name, None))
+        except (NotImplementedError, AttributeError):
+            pass
+    return out
+
+
+def patch_checkpoint_errors() -> None:
+    """A checkpoint that does not load ends the command with one line naming the file
+    and the cause (``ConfigError``), instead of a traceback (idempotent):
+
+    * ``checkpoint_utils.load_checkpoint_to_cpu`` (every checkpoint fairseq reads):
+      a file that is missing or is not a checkpoint (truncated, another format, not
+      a fairseq checkpoint) gives ``FILE: cannot load it as a checkpoint (CAUSE)``;
+    * ``fairseq-train``: a ``--restore-file`` other than the default that does not
+      exist (fairseq would silently train from scratch) and a missing
+      ``--finetune-from-model`` (fairseq's ValueError traceback) give ``--restore-file
+      FILE: no such checkpoint file``;
+    * ``fairseq-generate --path`` (``load_model_ensemble_and_task``): a missing file
+      gives ``FILE: no such checkpoint file``;
+    * parameters that do not fit the model built from the options and data
+      (``Trainer.load_checkpoint``, whose "Cannot load model parameters ... ensure that
+      the architectures match" hid the cause above its traceback, and
+      ``load_model_ensemble_and_task``): the cause, e.g. ``FILE: the checkpoint's
+      dictionary has 2000 entries, the data's 1008: it was trained with another
+      dictionary (size mismatch for decoder.embed_tokens.weight: ...)``
+      (``state_dict_mismatch``).
+
+    Loading that succeeds is unchanged."""
+    from fairseq import checkpoint_utils
+    from fairseq.trainer import Trainer
+
+    to_cpu = checkpoint_utils.load_checkpoint_to_cpu
+    if getattr(to_cpu, "__fairseq_ext_errors__", False):
+        return
+    load_checkpoint, ensemble_and_task = checkpoint_utils.load_checkpoint, checkpoint_utils.load_model_ensemble_and_task
+    trainer_load = Trainer.load_checkpoint
+
+    @functools.wraps(to_cpu)
+    def load_checkpoint_to_cpu(path, *args, **kwargs):
+        try:
+            return to_cpu(path, *args, **kwargs)
+        except (ConfigError, MemoryError):
+            raise
+        except FileNotFoundError as e:
+            raise ConfigError(f"{path}: no such checkpoint file") from e
+        except Exception as e:
+            cause = (str(e).strip().splitlines() or [""])[0]
+            raise ConfigError(f"{path}: cannot load it as a checkpoint ({type(e).__name__}: {cause})") from e
+
+    @functools.wraps(load_checkpoint)
+    def checked_load_checkpoint(cfg, trainer, **kwargs):
+        suffix = trainer.checkpoint_suffix or ""
+        if cfg.restore_file != "checkpoint_last.pt":
+            path = cfg.restore_file.replace(".pt", suffix + ".pt") if suffix else cfg.restore_file
+            if not checkpoint_utils.PathManager.isfile(path):
+                raise ConfigError(f"--restore-file {path}: no such checkpoint file")
+        elif cfg.finetune_from_model is not None and getattr(cfg, "continue_once", None) is None:
+            last = os.path.join(cfg.save_dir, f"checkpoint_last{suffix}.pt")
+            if not checkpoint_utils.PathManager.exists(last) \
+                    and not checkpoint_utils.PathManager.exists(cfg.finetune_from_model):
+                raise ConfigError(f"--finetune-from-model {cfg.finetune_from_model}: no such checkpoint file")
+        return load_checkpoint(cfg, trainer, **kwargs)
+
+    @functools.wraps(trainer_load)
+    def trainer_load_checkpoint(self, filename, *args, **kwargs):
+        try:
+            return trainer_load(self, filename, *args, **kwargs)
+        except ConfigError:
+            raise
+        except Exception as e:
+            message = state_dict_mismatch(filename, e, _dictionaries(self.task))
+            if message is None:
+                raise
+            raise ConfigError(message) from e
+
+    @functools.wraps(ensemble_and_task)
+    def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, strict=True, suffix="", num_shards=1,
+                                     state=None, *args, **kwargs):
+        if state is None:
+            for name in filenames:
+                for shard in range(num_shards):
+                    path = checkpoint_utils.get_maybe_sharded_checkpoint_filename(name, suffix, shard, num_shards)
+                    if not checkpoint_utils.PathManager.exists(path):
+                        raise ConfigError(f"{path}: no such checkpoint file")
+        try:
+            return ensemble_and_task(filenames, arg_overrides, task, strict, suffix, num_shards, state,
+                                     *args, **kwargs)
+        except ConfigError:
+            raise
+        except Exception as e:
+            message = state_dict_mismatch(" or ".join(map(str, filenames)), e, _dictionaries(task))
+            if message is None:
+                raise
+            raise ConfigError(message) from e
+
+    load_checkpoint_to_cpu.__fairseq_ext_errors__ = True
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+    checkpoint_utils.load_checkpoint = checked_load_checkpoint
+    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task
+    Trainer.load_checkpoint = trainer_load_checkpoint

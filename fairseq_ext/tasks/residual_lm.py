@@ -33,7 +33,11 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
+from fairseq_ext.core.constraints import at_least
+from fairseq_ext.core.sampling import filter_logits
+from fairseq_ext.generators.joint_sampler import JointSampler
 from fairseq_ext.runtime.cli import ConfigError
+from fairseq_ext.runtime.validation import check_options
 from fairseq_ext.tasks.batching import TaskBatching
 
 logger = logging.getLogger(__name__)
@@ -45,26 +49,31 @@ class ResidualLMConfig(FairseqDataclass):
     base_lm: Optional[str] = field(
         default=None, metadata={"help": "fairseq transformer_lm checkpoint of the base LM P_LM (frozen); required"}
     )
-    prefix_len: int = field(default=24, metadata={"help": "prefix tokens p (paper: 120)"})
-    continuation_len: int = field(default=8, metadata={"help": "continuation tokens T - p (paper: 40)"})
+    prefix_len: int = field(default=24, metadata={"help": "prefix tokens p (paper: 120)", "constraint": at_least(1)})
+    continuation_len: int = field(default=8, metadata={"help": "continuation tokens T - p (paper: 40)",
+                                                       "constraint": at_least(1)})
     negatives_dir: Optional[str] = field(
         default=None, metadata={"help": "directory of {split}.negatives.pt (default: the data directory)"}
     )
     num_negatives: int = field(
-        default=4, metadata={"help": "m negatives per positive in each batch, drawn from the n stored ones"}
+        default=4, metadata={"help": "m negatives per positive in each batch, drawn from the n stored ones",
+                             "constraint": at_least(1)}
     )
     joint_samples: int = field(
-        default=16, metadata={"help": "n base-LM samples per prefix for the joint sampler (Algorithm 1)"}
+        default=16, metadata={"help": "n base-LM samples per prefix for the joint sampler (Algorithm 1)",
+                              "parameter": (JointSampler, "n")}
     )
     joint_topk: int = field(
-        default=0, metadata={"help": "top-k of the base-LM proposals of the joint sampler (0: none, exact as n grows)"}
+        default=0, metadata={"help": "top-k of the base-LM proposals of the joint sampler (0: none, exact as n grows)",
+                             "parameter": (filter_logits, "topk")}
     )
     allow_topk_negatives: bool = field(
         default=False, metadata={"help": "accept negatives sampled with --topk > 0 (refused by default: NCE's noise "
                                          "is then not P_LM, so Theorem 1 and the log-Z evaluation do not hold)"}
     )
     energy_batch_size: int = field(
-        default=64, metadata={"help": "sequences per energy-model forward when scoring samples"}
+        default=64, metadata={"help": "sequences per energy-model forward when scoring samples",
+                              "constraint": at_least(1)}
     )
     seed: int = II("common.seed")
     num_shards: int = II("dataset.num_shards")  # fairseq-generate --num-shards (tasks/batching.py)
@@ -188,16 +197,13 @@ class ResidualLMTask(TaskBatching, FairseqTask):
         super().__init__(cfg)
         self.dictionary = dictionary
         self._base_lm = load_base_lm(cfg.base_lm, dictionary)
+        self._negatives_for: Optional[str] = None  # who needs every split to have negatives
 
     @classmethod
     def setup_task(cls, cfg: ResidualLMConfig, **kwargs):
+        check_options(ResidualLMConfig, cfg)
         if not cfg.data:
             raise ConfigError("residual_lm needs the data directory (positional argument)")
-        if cfg.prefix_len < 1 or cfg.continuation_len < 1:
-            raise ConfigError(f"--prefix-len and --continuation-len must be >= 1, got {cfg.prefix_len}, "
-                             f"{cfg.continuation_len}")
-        if cfg.num_negatives < 1 or cfg.joint_samples < 1 or cfg.energy_batch_size < 1:
-            raise ConfigError("--num-negatives, --joint-samples and --energy-batch-size must be >= 1")
         dict_path = os.path.join(cfg.data.split(":")[0], "dict.txt")
         if not os.path.isfile(dict_path):
             raise FileNotFoundError(f"residual_lm: no dictionary {dict_path}")
@@ -233,6 +239,19 @@ class ResidualLMTask(TaskBatching, FairseqTask):
             raise ConfigError(f"residual_lm: split {split} has fewer than {self.block_size} tokens")
         return blocks
 
+    def require_negatives(self, who: str) -> None:
+        """From now on a split without negatives is refused when loaded (``who``, e.g.
+        ``--criterion residual_nce``, trains on them); so is one loaded already."""
+        self._negatives_for = who
+        for split, dataset in self.datasets.items():
+            if isinstance(dataset, ResidualLMDataset) and dataset.negatives is None:
+                self._no_negatives(split)
+
+    def _no_negatives(self, split: str) -> None:
+        raise ConfigError(f"{self._negatives_for} needs the negatives of split {split}, but there is no "
+                          f"{self.negatives_path(split)}: run scripts/sample_negatives.py (it writes "
+                          "{split}.negatives.pt next to the data or into --negatives-dir)")
+
     def load_negatives(self, split: str, num_blocks: int) -> Optional[torch.Tensor]:
         """The stored negatives of ``split`` (N, n, L), checked against the blocks, or
         None when the file does not exist."""
@@ -264,6 +283,8 @@ class ResidualLMTask(TaskBatching, FairseqTask):
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs):
         blocks = self.load_blocks(split)
         negatives = self.load_negatives(split, len(blocks))
+        if negatives is None and self._negatives_for:
+            self._no_negatives(split)
         self.datasets[split] = ResidualLMDataset(
             blocks, self.cfg.prefix_len, negatives, self.cfg.num_negatives,
             shuffle_negatives=split.startswith("train"), seed=self.cfg.seed,
@@ -273,8 +294,6 @@ class ResidualLMTask(TaskBatching, FairseqTask):
         return None
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
-        from fairseq_ext.generators.joint_sampler import JointSampler
-
         return JointSampler(self.base_lm, self.cfg.continuation_len, self.cfg.joint_samples, self.cfg.joint_topk,
                             num_outputs=getattr(args, "nbest", 1), energy_batch_size=self.cfg.energy_batch_size,
                             seed=self.cfg.seed)

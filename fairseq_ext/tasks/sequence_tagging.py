@@ -48,6 +48,8 @@ from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
 from fairseq_ext.runtime.cli import ConfigError
+from fairseq_ext.runtime.validation import check_options
+from fairseq_ext.core.constraints import at_least
 from fairseq_ext.core.tagging_metrics import conlleval_counts, precision_recall_f1
 from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
 from fairseq_ext.decoding.soft_beam import BeamSearchConfig, build_beam_generator
@@ -95,15 +97,18 @@ class SequenceTaggingConfig(BeamSearchConfig):
                           "--eval-tagging-beam elements, --search-normalization and --search-alpha (select "
                           "checkpoints by the decoder used at test)"},
     )
-    eval_tagging_beam: int = field(default=3, metadata={"help": "k of --eval-tagging-search hard / soft"})
+    eval_tagging_beam: int = field(default=3, metadata={"help": "k of --eval-tagging-search hard / soft (at most the "
+                                                                "number of labels)", "constraint": at_least(1)})
     tagging_search: ChoiceEnum(["fairseq", "hard", "soft"]) = field(
         default="fairseq",
         metadata={"help": "fairseq-generate's search: fairseq's SequenceGenerator (--beam, renormalised scores), "
                           "hard beam search ranking by the sum of --search-normalization scores, or soft beam "
                           "decoding (thesis 4.3.4) with --search-alpha"},
     )
-    max_source_positions: int = field(default=1024, metadata={"help": "longest source (words + <eos>)"})
-    max_target_positions: int = field(default=1024, metadata={"help": "longest target (labels + <eos>)"})
+    max_source_positions: int = field(default=1024, metadata={"help": "longest source (words + <eos>)",
+                                                              "constraint": at_least(1)})
+    max_target_positions: int = field(default=1024, metadata={"help": "longest target (labels + <eos>)",
+                                                              "constraint": at_least(1)})
     num_shards: int = II("dataset.num_shards")  # fairseq-generate --num-shards (tasks/batching.py)
     shard_id: int = II("dataset.shard_id")
 
@@ -212,13 +217,13 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
 
     def __init__(self, cfg: SequenceTaggingConfig, src_dict: Dictionary, tgt_dict: Dictionary, cache: str):
         super().__init__(cfg)
+        check_options(SequenceTaggingConfig, cfg)
         self.src_dict = src_dict
         self.tgt_dict = tgt_dict
         self.cache = cache
         num_labels = len(tgt_dict) - tgt_dict.nspecial
-        if cfg.eval_tagging and str(cfg.eval_tagging_search) != "greedy" \
-                and not 1 <= cfg.eval_tagging_beam <= num_labels:
-            raise ConfigError(f"--eval-tagging-beam must be in [1, {num_labels}] (the number of labels), "
+        if cfg.eval_tagging and str(cfg.eval_tagging_search) != "greedy" and cfg.eval_tagging_beam > num_labels:
+            raise ConfigError(f"--eval-tagging-beam must be <= {num_labels} (the number of labels), "
                               f"got {cfg.eval_tagging_beam}")
 
     @classmethod

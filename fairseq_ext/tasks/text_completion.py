@@ -25,7 +25,8 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
-from fairseq_ext.runtime.cli import ConfigError
+from fairseq_ext.core.constraints import at_least
+from fairseq_ext.runtime.validation import check_options
 from fairseq_ext.tasks.batching import TaskBatching
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,8 @@ logger = logging.getLogger(__name__)
 @dataclass
 class TextCompletionConfig(LanguageModelingConfig):
     context_size: int = field(
-        default=10, metadata={"help": "prefix length k in tokens; lines of <= k tokens are dropped (MGS section 5.1)"}
+        default=10, metadata={"help": "prefix length k in tokens; lines of <= k tokens are dropped (MGS section 5.1)",
+                              "constraint": at_least(1)}
     )
     completion_loss: ChoiceEnum(["continuation", "line"]) = field(
         default="continuation",
@@ -131,9 +133,11 @@ def prefix_sample(sample: Dict, pad: int, eos: int) -> Dict:
 class TextCompletionTask(TaskBatching, LanguageModelingTask):
     """Continue a k-token prefix; see the module docstring."""
 
+    def __init__(self, args, *rest, **kwargs):
+        check_options(TextCompletionConfig, args)
+        super().__init__(args, *rest, **kwargs)
+
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs):
-        if self.args.context_size < 1:
-            raise ConfigError(f"--context-size must be >= 1, got {self.args.context_size}")
         paths = self.args.data.split(":")
         path = f"{paths[(epoch - 1) % len(paths)]}/{split}"
         lines = data_utils.load_indexed_dataset(path, self.dictionary, self.args.dataset_impl, combine=combine)

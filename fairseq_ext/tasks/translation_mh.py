@@ -17,7 +17,8 @@ from fairseq.tasks.translation_lev import TranslationLevenshteinConfig, Translat
 from omegaconf import II
 
 from fairseq_ext.core import mcmc
-from fairseq_ext.generators.mh_sampler import INITS, OUTPUTS, MHSampler, check_options
+from fairseq_ext.generators.mh_sampler import INITS, OUTPUTS, MHSampler
+from fairseq_ext.runtime.validation import as_options, check_options
 from fairseq_ext.tasks.batching import TaskBatching
 
 
@@ -25,47 +26,64 @@ from fairseq_ext.tasks.batching import TaskBatching
 class TranslationMHConfig(TranslationLevenshteinConfig):
     mh_energy: ChoiceEnum(list(mcmc.ENERGIES)) = field(
         default="raw", metadata={"help": "target energy: raw = -sum of masked logits (section 6.2.1), "
-                                         "local = -sum of masked log-probabilities (section 6.2.4)"})
+                                         "local = -sum of masked log-probabilities (section 6.2.4)",
+                                 "parameter": (mcmc.MHConfig, "energy")})
     mh_kernel: ChoiceEnum(list(mcmc.KERNELS)) = field(
         default="mh", metadata={"help": "mh = Metropolis-Hastings; gibbs = degenerate Gibbs (accept every "
-                                        "proposal: the baseline of section 6.6, not a valid sampler)"})
-    mh_chains: int = field(default=1, metadata={"help": "Markov chains per sentence (one hypothesis each)"})
-    mh_burn_in: int = field(default=7, metadata={"help": "burn-in epochs (section 6.5: 7)"})
+                                        "proposal: the baseline of section 6.6, not a valid sampler)",
+                                "parameter": (mcmc.MHConfig, "kernel")})
+    mh_chains: int = field(default=1, metadata={"help": "Markov chains per sentence (one hypothesis each)",
+                                                "parameter": (MHSampler, "chains")})
+    mh_burn_in: int = field(default=7, metadata={"help": "burn-in epochs (section 6.5: 7)",
+                                                 "parameter": (mcmc.MHConfig, "burn_in")})
     mh_epochs: int = field(default=26, metadata={"help": "epochs after burn-in (section 6.5: at least 26); "
-                                                         "an epoch visits every position once"})
+                                                         "an epoch visits every position once",
+                                                 "parameter": (mcmc.MHConfig, "epochs")})
     mh_order: ChoiceEnum(list(mcmc.ORDERS)) = field(
-        default="random", metadata={"help": "position order within an epoch (random: without replacement)"})
+        default="random", metadata={"help": "position order within an epoch (random: without replacement)",
+                                    "parameter": (mcmc.MHConfig, "order")})
     mh_block_size: int = field(default=1, metadata={"help": "positions masked and proposed together "
-                                                            "(block MH, section 6.4.1)"})
+                                                            "(block MH, section 6.4.1)",
+                                                    "parameter": (mcmc.MHConfig, "block_size")})
     mh_anneal_block: bool = field(default=False, metadata={"help": "anneal the block size linearly to 1 over "
                                                                    "the epochs (section 6.7.3)"})
     mh_proposal_temperature: float = field(default=1.0, metadata={"help": "temperature of the masked "
-                                                                          "conditionals used as proposal"})
-    mh_top_p: float = field(default=1.0, metadata={"help": "nucleus of the proposal (1.0: off)"})
+                                                                          "conditionals used as proposal",
+                                                                  "parameter": (mcmc.MHConfig, "proposal_temperature")})
+    mh_top_p: float = field(default=1.0, metadata={"help": "nucleus of the proposal (1.0: off)",
+                                                   "parameter": (mcmc.MHConfig, "top_p")})
     mh_nucleus_mix: float = field(default=0.1, metadata={
         "help": "with --mh-top-p < 1, propose from (1 - eps) nucleus + eps full conditional, so the chain stays "
                 "irreducible and converges to the target from any start (0: the thesis's pure nucleus, which "
-                "samples the target only within the class of states reachable from the start)"})
-    mh_target_temperature: float = field(default=1.0, metadata={"help": "sample from exp(-E / T)"})
+                "samples the target only within the class of states reachable from the start)",
+        "parameter": (mcmc.MHConfig, "nucleus_mix")})
+    mh_target_temperature: float = field(default=1.0, metadata={"help": "sample from exp(-E / T)",
+                                                                "parameter": (mcmc.MHConfig, "target_temperature")})
     mh_target_anneal: float = field(default=0.0, metadata={"help": "subtract this from the target temperature "
-                                                                   "after every epoch (section 6.8: 0.02-0.06)"})
+                                                                   "after every epoch (section 6.8: 0.02-0.06)",
+                                                           "parameter": (mcmc.MHConfig, "target_anneal")})
     mh_anneal_floor_at: float = field(default=0.0, metadata={
         "help": "anneal the target temperature linearly to --mh-min-target-temperature, reaching it at this "
                 "fraction of all epochs (burn-in included), then stay there (0: off; exclusive with "
-                "--mh-target-anneal)"})
-    mh_min_target_temperature: float = field(default=0.05, metadata={"help": "floor of the annealed target "
-                                                                             "temperature"})
+                "--mh-target-anneal)",
+        "parameter": (mcmc.MHConfig, "anneal_floor_at")})
+    mh_min_target_temperature: float = field(default=0.05, metadata={
+        "help": "floor of the annealed target temperature", "parameter": (mcmc.MHConfig, "min_target_temperature")})
     mh_accept_all_epochs: int = field(default=0, metadata={"help": "accept every proposal in the first N epochs "
-                                                                   "(the Table 6.6 set-up uses 2)"})
+                                                                   "(the Table 6.6 set-up uses 2)",
+                                                           "parameter": (mcmc.MHConfig, "accept_all_epochs")})
     mh_output: ChoiceEnum(list(OUTPUTS)) = field(
         default="final", metadata={"help": "hypothesis printed per chain: final = the chain's last state (a "
                                            "sample), best = the lowest-energy state it visited (under annealing: "
-                                           "its estimate of the mode)"})
+                                           "its estimate of the mode)",
+                                   "parameter": (MHSampler, "output")})
     mh_init: ChoiceEnum(list(INITS)) = field(
         default="greedy", metadata={"help": "initial state: greedy = argmax of one pass over the all-masked "
-                                            "target (Algorithm 4), random = uniform tokens"})
+                                            "target (Algorithm 4), random = uniform tokens",
+                                    "parameter": (MHSampler, "init")})
     mh_max_rows: int = field(default=4096, metadata={"help": "decoder rows per forward pass (memory bound; "
-                                                             "0: all single-masked copies at once)"})
+                                                             "0: all single-masked copies at once)",
+                                                     "parameter": (mcmc.MHConfig, "max_rows")})
     mh_stats_file: Optional[str] = field(default=None, metadata={"help": "write per-sentence chain statistics "
                                                                         "(JSON lines) here"})
     mh_history: bool = field(default=False, metadata={"help": "also store every chain's state after each "
@@ -83,7 +101,9 @@ class TranslationMHTask(TaskBatching, TranslationLevenshteinTask):
 
     def __init__(self, cfg: TranslationMHConfig, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
-        check_options(self.mh_config(), cfg.mh_chains, str(cfg.mh_init), str(cfg.mh_output))  # before any data
+        check_options(TranslationMHConfig, cfg)
+        with as_options(TranslationMHConfig):
+            self.mh_config().check()
 
     def mh_config(self) -> mcmc.MHConfig:
         c = self.cfg

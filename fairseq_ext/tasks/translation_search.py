@@ -26,6 +26,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
 from fairseq_ext.decoding.soft_beam import BeamSearchConfig, build_beam_generator
+from fairseq_ext.runtime.validation import check_options
 from fairseq_ext.tasks.batching import TaskBatching
 
 
@@ -46,6 +47,10 @@ class TranslationSearchTask(TaskBatching, TranslationTask):
     fairseq-generate's search (``--translation-search``)."""
 
     cfg: TranslationSearchConfig
+
+    def __init__(self, cfg: TranslationSearchConfig, src_dict, tgt_dict):
+        check_options(TranslationSearchConfig, cfg)
+        super().__init__(cfg, src_dict, tgt_dict)
 
     def build_generator(self, models, args, **kwargs):
         ours = build_beam_generator(
