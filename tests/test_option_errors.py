@@ -22,9 +22,9 @@ import subprocess
 import pytest
 
 from conftest import REPO, cli_env, run_cli, run_cli_batch
-from fairseq_ext.synthetic import toy
+from fairseq_ext.synthetic import tiny_models
 
-TRANSFORMER = toy.TINY_ARCHS["transformer"]
+TRANSFORMER = tiny_models.TINY_ARCHS["transformer"]
 LM_ARCH = ["--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-output-dim",
            "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2"]
 TRAIN = ["--user-dir", "fairseq_ext", "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "2000", "--max-update",
