@@ -42,8 +42,8 @@ ONLY=${ONLY:-$DSS_SYSTEMS}
 PYTHON=${PYTHON:-python}
 export OMP_NUM_THREADS=1 DSS_CE_AS_DSS=1
 # every run resumes its seed's epoch-1 warm-up checkpoint, so the plugin's exact resume (on by
-# default since 2026-11-28) would cut its batches otherwise than the published runs, made without
-# it (docs/dss.md); FAIRSEQ_EXT_EXACT_RESUME=1 in the environment opts in
+# default) would cut its batches otherwise than the published runs, made without it
+# (docs/dss.md); FAIRSEQ_EXT_EXACT_RESUME=1 in the environment opts in
 export FAIRSEQ_EXT_EXACT_RESUME=${FAIRSEQ_EXT_EXACT_RESUME:-0}
 mkdir -p "$WORK"
 

@@ -296,8 +296,8 @@ def patch_amp_loss_scaler() -> None:
       the gradient norm fairseq logs and clips was already the once-unscaled one.
     * the scaler is built with ``init_scale=--fp16-init-scale`` and, when
       ``--amp-scale-window`` is given, ``growth_interval=--amp-init-scale`` (reported upstream:
-      https://github.com/facebookresearch/fairseq/issues/5342). It is rebuilt here from the two ``--amp-*`` options; with neither given the
-      scaler is fairseq's (both initial scales default to 128, the window to torch's 2000).
+      https://github.com/facebookresearch/fairseq/issues/5342). It is rebuilt here from the two
+      ``--amp-*`` options; with neither given the scaler is fairseq's (both initial scales default to 128, the window to torch's 2000).
 
     ``tests/test_gpu.py`` shows both on CUDA (docs/performance.md);
     ``tests/test_amp_scaler.py`` checks both on the CPU against fairseq's own class.
