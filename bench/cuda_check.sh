@@ -26,7 +26,7 @@ options:
   -k EXPR               run only the tests that match EXPR (pytest -k)
   --no-tests            run no test
   --benches "A B ..."   run only these benchmarks (names as in 2.; "" for none)
-  --quick               benchmarks with --quick: tiny models, a smoke run of a few minutes
+  --quick               benchmarks with --quick: tiny models, a smoke run
   --workers N           pytest-xdist workers for the tests (default: the cores, at most 12;
                         0: one process; without pytest-xdist installed: one process)
   --test-timeout S      per-test limit in seconds (with pytest-timeout installed; default 300)
@@ -37,7 +37,7 @@ options:
 environment: PYTHON (the interpreter; default python3, or python where there is no python3)
 
 exit status: 0 every test passed and every benchmark finished; 1 a test failed or errored,
-no test ran, or a benchmark failed or ran out of time; 2 a usage error, or no CUDA device
+no test passed (all skipped, or none selected), or a benchmark failed or ran out of time; 2 a usage error, or no CUDA device
 (nothing is run then).
 EOF
 }
@@ -203,7 +203,7 @@ status=0
 if [ "$TESTS" = 1 ]; then
   args=(-m pytest tests/test_gpu.py -v -rfE -p no:cacheprovider --junitxml "$OUT/tests.xml")
   [ -z "$KEXPR" ] || args+=(-k "$KEXPR")
-  if [ -z "$WORKERS" ]; then WORKERS=$(nproc 2>/dev/null || echo 1); [ "$WORKERS" -le 12 ] || WORKERS=12; fi
+  if [ -z "$WORKERS" ]; then WORKERS=$(env -u OMP_NUM_THREADS nproc 2>/dev/null || echo 1); [ "$WORKERS" -le 12 ] || WORKERS=12; fi
   if [ "$WORKERS" -gt 1 ] && "$PY" -c 'import xdist' 2>/dev/null; then args+=(-n "$WORKERS" --dist load); fi
   if "$PY" -c 'import pytest_timeout' 2>/dev/null; then args+=(--timeout "$TEST_TIMEOUT"); fi
   echo "==> tests: $PY ${args[*]}"
@@ -212,6 +212,12 @@ if [ "$TESTS" = 1 ]; then
   rc=$?
   echo "==> tests: exit $rc after $((SECONDS - t0)) s (log: $OUT/tests.log)"
   [ "$rc" = 0 ] || status=1  # failures, errors, or (5) no test collected
+  passed=$("$PY" -c '
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+n = lambda k: sum(int(s.get(k, 0)) for s in ([root] if root.tag == "testsuite" else root.iter("testsuite")))
+print(n("tests") - n("failures") - n("errors") - n("skipped"))' "$OUT/tests.xml" 2>/dev/null)
+  [ "${passed:-0}" -gt 0 ] 2>/dev/null || { echo "==> tests: none passed (all skipped?)"; status=1; }
 fi
 
 : > "$OUT/benches.tsv"
@@ -220,9 +226,9 @@ for b in $BENCHES; do
   extra=()
   [ "$b" = "${b%_amp}" ] || extra+=(--amp)
   [ -z "$QUICK" ] || extra+=("$QUICK")
-  echo "==> $b: $PY $script --device cuda ${extra[*]} --json $OUT/$b.json"
+  echo "==> $b: $PY $script --device cuda ${extra[*]:-} --json $OUT/$b.json"
   t0=$SECONDS
-  timeout "$BENCH_TIMEOUT" "$PY" "$script" --device cuda "${extra[@]}" --json "$OUT/$b.json" > "$OUT/$b.log" 2>&1
+  timeout "$BENCH_TIMEOUT" "$PY" "$script" --device cuda ${extra[@]+"${extra[@]}"} --json "$OUT/$b.json" > "$OUT/$b.log" 2>&1
   rc=$?
   printf '%s\t%s\t%s\n' "$b" "$rc" "$((SECONDS - t0))" >> "$OUT/benches.tsv"
   echo "==> $b: exit $rc after $((SECONDS - t0)) s"
