@@ -3,7 +3,7 @@
 batch, all timed in the same run (docs/performance.md).
 
 Run: ``.venv/bin/python bench/bench_criteria.py`` (a few minutes on one CPU core;
-on a GPU machine it runs on CUDA; ``--quick`` for a smoke run, ``--json FILE`` to
+with a CUDA device it runs on CUDA; ``--quick`` for a smoke run, ``--json FILE`` to
 keep the rows).
 
 Model: ``transformer`` (3+3 layers, embed 256, ffn 1024, 4 heads; ``--quick``: the

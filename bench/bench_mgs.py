@@ -19,7 +19,7 @@ Speed (``transformer``, 3+3 layers, embed 256, ffn 1024, 4 heads; train mode):
   backward on the same batch, plus K + 1 ``decode_candidates`` greedy decodes with
   the same length rule (``DecodeConfig(max_len_ref_ratio=1.3)``): the work MGS cannot
   avoid (one decode for C(theta), one per candidate, one MLE gradient).
-- ratio = MGS / baseline; the issue's target is <= 1.15.
+- ratio = MGS / baseline; the target is <= 1.15.
 
 Both are timed around one call, ``--warmup`` untimed calls then ``--repeats`` timed
 ones, interleaved (alternating which goes first), median reported;

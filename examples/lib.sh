@@ -13,24 +13,6 @@ finished() {
   grep -qs "done training in" "$1"
 }
 
-# same_model DIR CHECKPOINT: the results in DIR come from CHECKPOINT's parameters. The first call
-# writes DIR/model_fingerprint.json (scripts/model_fingerprint.py; keep_results.py keeps it with
-# the scores); a later call fails, with one line naming both, when CHECKPOINT is another model,
-# or when DIR already holds score files (*.json) of a model it cannot name. A retrained model is
-# another model (issue 22: the Multi30k CMLM trained again with the same command and seed gave
-# other Mask-Predict hypotheses for 40 of 50 sentences), so rows of two models never mix.
-same_model() {
-  local rec=$1/model_fingerprint.json
-  if [ -s "$rec" ]; then
-    "${PYTHON:-python}" scripts/model_fingerprint.py "$2" --check "$rec" > /dev/null
-  elif compgen -G "$1/*.json" > /dev/null; then
-    echo "$1 holds results but no model_fingerprint.json, so which model made them is unknown: move them aside, or record their model with python scripts/model_fingerprint.py CHECKPOINT --json $rec" >&2
-    return 1
-  else
-    "${PYTHON:-python}" scripts/model_fingerprint.py "$2" --json "$rec" > /dev/null
-  fi
-}
-
 # seed_spec NAME TEMPLATE: scripts/score/compare_runs.py's "NAME=FILE,FILE,..." argument, one FILE per seed in
 # $SEEDS: TEMPLATE with every @SEED@ replaced by the seed
 seed_spec() {

@@ -1,5 +1,5 @@
-"""Session-scoped fixtures: the toy data set binarized once, tiny fairseq models,
-and the real corpora directory ($FAIRSEQ_EXT_DATA)."""
+"""Fixtures made once per pytest run (``scope="session"``, pytest's name for one run): the toy data
+set binarized once, tiny fairseq models, and the real corpora directory ($FAIRSEQ_EXT_DATA)."""
 import atexit
 import json
 import os

@@ -2,8 +2,9 @@
 CPU GradScaler in place of CUDA's: the update is the optimizer's step on the gradient (hand-
 computed SGD step), and the scaler starts at --amp-init-scale and grows after
 --amp-scale-window updates. fairseq 0.12's own AMPOptimizer is the control: it divides the
-gradient by the loss scale a second time and mixes the options up (fairseq issue #5342);
-the GPU run of tests/test_gpu.py found both (docs/performance.md)."""
+gradient by the loss scale a second time and mixes the options up (the latter reported upstream:
+https://github.com/facebookresearch/fairseq/issues/5342); tests/test_gpu.py shows both on CUDA
+(docs/performance.md)."""
 from types import SimpleNamespace
 
 import pytest

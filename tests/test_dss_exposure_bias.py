@@ -128,17 +128,16 @@ DSS = ["--criterion", "differentiable_scheduled_sampling", "--dss-mode", "soft-s
 # Pooled over seeds 1-3 (mean of the per-seed values, positions 9-12, points). The task must
 # show exposure bias: teacher forcing's compounding (teacher-forced minus greedy accuracy) at
 # least CE_COMPOUNDING; and DSS must remove at least MARGIN points of it. Measured with this
-# very setup on the machine of 2026-11-27 evening, seeds 1 / 2 / 3: compounding CE 0.7 / 18.5 /
+# very setup (2026-11-27), seeds 1 / 2 / 3: compounding CE 0.7 / 18.5 /
 # 19.1 (mean 12.8), DSS 6.2 / 10.0 / -0.4 (mean 5.3); greedy accuracy CE 67.9 / 17.2 / 30.4, DSS
-# 45.9 / 31.2 / 44.5. An earlier version tested the greedy-accuracy gain of seed 1 alone
-# (+25.0 on the machines before, seeds 2 / 3 +11.9 / +5.2) and failed on that machine at -22.0:
-# a retrained model differs from machine to machine, and at this budget the accuracy gain is
-# seed luck (docs/dss.md's 20-epoch table: behind CE on one seed of three) while the removed
+# 45.9 / 31.2 / 44.5. The greedy-accuracy gain of seed 1 alone is no test: +25.0 (seeds 2 / 3
+# +11.9 / +5.2) on one CPU, -22.0 on the CPU of the measurement above: a retrained model
+# differs from CPU to CPU, and at this budget the accuracy gain is seed luck (docs/dss.md's 20-epoch table: behind CE on one seed of three) while the removed
 # compounding is not (there: every seed). With eps = 1 (--dss-warmup 1e12) the DSS runs are
 # the CE runs, nothing is removed, and the test fails. See docs/dss.md.
 # The mechanism, measured directly (running_sums.corrupted_history: one wrong y_c fed at c = 3..8,
 # share of right y_{c+1}): DSS must recover at least RECOVERY_MARGIN points more often than CE,
-# pooled. Measured with this setup, same machine, seeds 1 / 2 / 3: CE 91.0 / 31.5 / 70.3 (mean
+# pooled. Measured with this setup, the same CPU, seeds 1 / 2 / 3: CE 91.0 / 31.5 / 70.3 (mean
 # 64.3), DSS 90.5 / 51.8 / 80.7 (mean 74.3); error carried forward CE 6.4 / 44.9 / 19.7, DSS
 # 7.4 / 35.1 / 7.9. With eps = 1 the difference is 0 and the test fails.
 SEEDS = (1, 2, 3)

@@ -281,7 +281,7 @@ def test_plot_mh_averages_a_run_over_its_seeds(tmp_path):
     short = stats(tmp_path / "short.jsonl", [0, 5, 7], [9, 4, 2], epochs=2)
     with pytest.raises(AssertionError, match="seeds of one run differ"):
         run_cli(["python", "scripts/plot/plot_mh.py", f"{s1},{short}"])
-    # a seed's --json stands in for its stats file (kept when the stats file is gone): the same
+    # a seed's --json stands in for its stats file (when there is no stats file): the same
     # hand-computed row; a pooled --json (two seeds) is refused, naming the file
     c2 = tmp_path / "s2.curves.json"
     run_cli(["python", "scripts/plot/plot_mh.py", s2, "--json", str(c2)])

@@ -1,5 +1,4 @@
 """Runs scripts/score/score.py as a subprocess on hand-written inputs."""
-import gzip
 import json
 import subprocess
 import sys
@@ -280,81 +279,6 @@ def test_compare_runs_means_and_paired_tests(tmp_path):
     assert res["long"]["per_seed"][0]["nonterm"] == 0.5 and res["long"]["per_seed"][1]["nonterm"] == 0.0
     assert res["perfect"]["mean"]["nonterm"] == 0.0 and res["long"]["diff"]["nonterm"] == pytest.approx(0.25)
     assert res["long"]["p_value"]["nonterm"][0] < 0.01 and res["long"]["p_value"]["nonterm"][1] == 1.0
-
-
-def test_keep_results_keeps_scores_and_validation_lines_only(tmp_path):
-    """scripts/keep_results.py: score JSON and tables are copied whole, a training log keeps only its
-    validation / epoch-end / done lines, checkpoints, generated text and the data directory stay behind;
-    a recipe run restored from the kept files counts as scored (dss_table.py reads it)."""
-    script = Path(__file__).resolve().parents[1] / "scripts" / "keep_results.py"
-    table = Path(__file__).resolve().parents[1] / "examples" / "dss" / "table.py"
-    work, dest = tmp_path / "work", tmp_path / "kept"
-    run = work / "ss.k10.s1"
-    run.mkdir(parents=True)
-    (work / "data" / "bin").mkdir(parents=True)
-    (work / "data" / "bin" / "dict.txt").write_text("a 1\n")
-    for split, f1 in (("valid", 81.0), ("test", 75.0)):
-        (run / f"{split}.json").write_text(json.dumps({"scheme": "chunk", "f1": f1}))
-    (run / "checkpoint_best.pt").write_bytes(b"\0" * 10)
-    (run / "test.gen").write_text("H-0\t-0.1\tO O\n")
-    (run / "test.gen.log").write_text("generate noise\n")
-    (work / "table.md").write_text("| ss | k10 |\n")
-    (work / "prepare.log").write_text("2026 | INFO | fairseq_cli.preprocess | wrote 10 lines\n")
-    (work / "ss.k10.s1.train.log").write_text(
-        "2026 | INFO | train_inner | epoch 001:  50 / 222 loss=0.3\n"
-        "2026 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 0.33 | f1 52.49\n"
-        "2026 | INFO | fairseq_cli.train | end of epoch 1 (average epoch stats below)\n"
-        "2026 | INFO | train | epoch 001 | loss 0.5\n"
-        "2026 | INFO | fairseq_cli.train | done training in 139.7 seconds\n")
-    subprocess.run([sys.executable, str(script), str(work), str(dest)], check=True, capture_output=True)
-    kept = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
-    assert kept == ["ss.k10.s1.train.log", "ss.k10.s1/test.json", "ss.k10.s1/valid.json", "table.md"]
-    assert (dest / "ss.k10.s1.train.log").read_text().splitlines() == [
-        "2026 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 0.33 | f1 52.49",
-        "2026 | INFO | fairseq_cli.train | end of epoch 1 (average epoch stats below)",
-        "2026 | INFO | fairseq_cli.train | done training in 139.7 seconds"]
-    rows = subprocess.run([sys.executable, str(table), str(dest), "ss", "--protocol", "--markdown"], check=True,
-                          capture_output=True, text=True).stdout.splitlines()
-    assert rows[2].startswith("| ss | k10 | 81.00 | 75.00 |")
-
-
-def test_keep_results_gen_keeps_what_a_paired_bootstrap_reads(tmp_path):
-    """--gen: the named fairseq-generate outputs are kept gzipped with only their T-/H-/D- lines, other
-    generated text stays behind, and compare_runs.py, given the original .gen path, reads the kept .gz
-    and gives the same BLEU and bootstrap p-values as from the original file."""
-    root = Path(__file__).resolve().parents[1]
-    work, dest = tmp_path / "work", tmp_path / "kept"
-    refs = ["a man rides a red bike down the street", "two dogs play in the park today",
-            "the woman reads a long book", "children run on the beach"]
-    hyps = {"ce": ["a man rides a bike down the street", "two dogs play in a park", "the woman reads a book",
-                   "children run on the sand"],
-            "sys": ["a man rides a red bike on the street", "two dogs play in the park", "a woman reads a long book",
-                    "kids run on the beach"]}
-    for name, lines in hyps.items():
-        run = work / f"{name}.s1"
-        run.mkdir(parents=True)
-        out = []
-        for i, (h, r) in enumerate(zip(lines, refs)):
-            out += [f"S-{i}\tsource words {i}", f"T-{i}\t{r}", f"H-{i}\t-0.5\t{h}", f"D-{i}\t-0.5\t{h}",
-                    f"P-{i}\t" + " ".join(["-0.5"] * (len(h.split()) + 1))]
-        (run / "test.beam5.gen").write_text("\n".join(out) + "\nGenerate test with beam=5: BLEU4 = 1.0\n")
-        (run / "valid.beam5.gen").write_text("\n".join(out) + "\n")
-    subprocess.run([sys.executable, str(root / "scripts" / "keep_results.py"), str(work), str(dest),
-                    "--gen", "test.beam*.gen"], check=True, capture_output=True)
-    kept = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
-    assert kept == ["ce.s1/test.beam5.gen.gz", "sys.s1/test.beam5.gen.gz"]
-    with gzip.open(dest / "sys.s1" / "test.beam5.gen.gz", "rt") as f:
-        assert [line.split("\t")[0] for line in f] == [f"{k}-{i}" for i in range(4) for k in "THD"]
-
-    def bleu(where):
-        out = subprocess.run([sys.executable, str(root / "scripts" / "score" / "compare_runs.py"), "--control", "ce",
-                              f"ce={where}/ce.s1/test.beam5.gen", f"sys={where}/sys.s1/test.beam5.gen",
-                              "--metrics", "bleu", "--bootstrap", "50", "--json", str(tmp_path / "c.json")],
-                             check=True, capture_output=True, text=True)
-        return json.loads((tmp_path / "c.json").read_text())["sys"]
-    original, restored = bleu(work), bleu(dest)
-    assert original == restored
-    assert original["mean"]["bleu"] > original["diff"]["bleu"] > 0
 
 
 def test_dss_table_welch_p_values_match_t_tables(tmp_path):

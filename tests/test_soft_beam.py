@@ -802,7 +802,7 @@ def test_search_arithmetic_stays_float32_under_autocast(criterion_name, translat
     precision but every beam step's arithmetic runs with autocast off, on float32 scores,
     and returns float32 scores and costs (on CUDA, autocast's half-precision einsum
     handed half-precision costs to the search's float32 buffers and index_copy refused
-    them: the first GPU run, docs/performance.md); the loss is finite and within
+    them: docs/performance.md, "CUDA-only behaviour the tests check"); the loss is finite and within
     bfloat16's rounding of the float32 loss, and its gradients are finite."""
     import copy
 

@@ -218,7 +218,8 @@ def add_recovery(js, ckpt, bin_dir, split):
 
 
 def add_seq_correct(js, gen):
-    """Add per-sentence exact matches to scores written before they were kept, once."""
+    """Add per-sentence exact matches to scores that lack them (written by earlier versions of this
+    script), from the run's generate output where it is there, once."""
     with open(js) as f:
         scores = json.load(f)
     if "seq_correct" not in scores and os.path.isfile(gen):

@@ -42,13 +42,13 @@ ONLY=${ONLY:-$DSS_SYSTEMS}
 PYTHON=${PYTHON:-python}
 export OMP_NUM_THREADS=1 DSS_CE_AS_DSS=1
 # every run resumes its seed's epoch-1 warm-up checkpoint, so the plugin's exact resume (on by
-# default since 2026-11-28) would cut its batches otherwise than the published runs, made without
-# it (docs/dss.md); FAIRSEQ_EXT_EXACT_RESUME=1 in the environment opts in
+# default) would cut its batches otherwise than the published runs, made without it
+# (docs/dss.md); FAIRSEQ_EXT_EXACT_RESUME=1 in the environment opts in
 export FAIRSEQ_EXT_EXACT_RESUME=${FAIRSEQ_EXT_EXACT_RESUME:-0}
 mkdir -p "$WORK"
 
-# the table stage alone reads only the runs' scores and test outputs (e.g. a WORK rebuilt from
-# examples/dss/results/multi30k with scripts/keep_results.py's files): it prepares and trains nothing
+# the table stage alone reads only the runs' scores and test outputs (e.g. a WORK holding a copy of
+# examples/dss/results/multi30k): it prepares and trains nothing
 TRAINS=0
 [[ " $STAGES " == *" tune "* || " $STAGES " == *" restarts "* ]] && TRAINS=1
 if [ "$TRAINS" = 1 ] && [ ! -d "$WORK/data/bin" ]; then
@@ -75,7 +75,8 @@ claim() {
 warm() (  # SEED: the teacher-forced first epoch, shared by every system of the seed
   local dir="$WORK/warm.s$1"
   claim "$dir" wait
-  # a kept log (scripts/keep_results.py) whose checkpoint went with its machine: train again
+  # a finished log without its checkpoint (e.g. a log copied from results/, which holds no
+  # checkpoints): train again
   finished "$dir.log" && [ -e "$dir/checkpoint_last.pt" ] && return 0
   rm -f "$dir.log"
   # shellcheck disable=SC2046
@@ -88,11 +89,11 @@ run() (  # SYSTEM CONFIG SEED
   mkdir -p "$dir"
   if ! claim "$dir"; then echo "$(date +%H:%M:%S) busy (another instance has it): $1 $2 seed $3"; return 0; fi
   if [ ! -s "$dir/test.beam5.json" ]; then
-    # trained on a machine since lost (its log kept by scripts/keep_results.py, no checkpoint): train again
+    # a finished log without checkpoint_best.pt (e.g. copied from results/): train again
     if finished "$dir.train.log" && [ ! -e "$dir/checkpoint_best.pt" ]; then rm -f "$dir.train.log"; fi
     if ! finished "$dir.train.log"; then
       if [ ! -e "$dir/checkpoint_last.pt" ]; then  # start from the warm-up (an interrupted run resumes its own)
-        rm -f "$dir.train.log"  # a kept log of a run lost with its machine: the run starts over
+        rm -f "$dir.train.log"  # the run starts over: a fresh log
         cp "$WORK/warm.s$3/checkpoint_last.pt" "$dir/checkpoint_last.pt.tmp"
         mv "$dir/checkpoint_last.pt.tmp" "$dir/checkpoint_last.pt"
       fi

@@ -11,8 +11,8 @@
 #
 # The paper: IWSLT'14 De-En, a converged transformer, fine-tuned with MGS for about 2
 # epochs; we keep its settings where they apply (K = 4 candidates, alpha 100, noise
-# 1, the mixture proposal; docs/mgs.md lists the differences). (Before 2026-11-25 the
-# MGS rows ran at the package's alpha 1, where the candidate weights are uniform.)
+# 1, the mixture proposal; docs/mgs.md lists the differences and also reports MGS rows at the
+# package's default alpha 1, where the candidate weights are uniform).
 #
 # A rerun skips finished trainings and resumes interrupted ones (fine-tunes start from
 # the MLE model with --finetune-from-model, only on their first launch, and save every

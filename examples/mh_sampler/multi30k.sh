@@ -27,8 +27,13 @@
 #      EPOCHS (26), JOBS (2), VOCAB (4000), ONLY (run names, or "claims": the 12 runs behind the
 #      thesis's three claims), SEED (1: the samplers' seed; seed s > 1 writes to WORK/nSENTENCES_sS),
 #      CMLM (use this checkpoint instead of training one), CMLM_ONLY (1: train the CMLM, then stop)
-# Rows kept in WORK/nSENTENCES* must come from the CMLM in use (examples/lib.sh same_model): a
-# CMLM trained again on another machine is another model, and the recipe stops before any work.
+# On a machine with a CUDA device fairseq-train and fairseq-generate use it (same options). To train
+# the CMLM alone there: CMLM_ONLY=1 bash examples/mh_sampler/multi30k.sh WORK_DIR; then run the
+# sampling stages with the same command on WORK_DIR or a copy of it (WORK_DIR/data and WORK_DIR/cmlm,
+# or CMLM=the copied checkpoint_best.pt).
+# A run whose score file exists in WORK/nSENTENCES* is skipped, so every row of one directory must
+# come from one CMLM: a CMLM trained again, even with the same command and seed, is another model
+# (docs/mh_sampler.md); give a retrained CMLM a new WORK_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WORK=${1:?usage: $0 WORK_DIR}
@@ -98,7 +103,7 @@ if [ "$CMLM" = "$WORK/cmlm/checkpoint_best.pt" ] && ! finished "$WORK/cmlm.log";
     --validate-interval-updates 1000 --save-interval-updates 500 --keep-interval-updates 1 \
     --log-interval 50 >> "$WORK/cmlm.log" 2>&1 || { tail "$WORK/cmlm.log"; exit 1; }
 fi
-[ "${CMLM_ONLY:-0}" = 0 ] || exit 0  # examples/mh_sampler/cmlm_gpu.sh: the CMLM alone
+[ "${CMLM_ONLY:-0}" = 0 ] || exit 0  # the CMLM alone (e.g. trained on a GPU)
 
 # De-En (20): short-source test pairs, binarized with the model's dictionaries
 if [ ! -s "$WORK/data/bin20_n$SENTENCES/test.de-en.de.bin" ]; then
@@ -121,10 +126,6 @@ fi
 OUT=$WORK/n$SENTENCES  # the samplers' outputs, per evaluation set size (and sampler seed after the first)
 [ "$SEED" = 1 ] || OUT=${OUT}_s$SEED
 mkdir -p "$OUT"
-# the rows of OUT come from one CMLM: a retrained CMLM is another model (it gave other Mask-Predict
-# hypotheses for 40 of 50 sentences), so rows kept from an earlier machine are refused unless
-# CMLM is the model they came from (OUT/model_fingerprint.json)
-same_model "$OUT" "$CMLM" || exit 2
 GEN=(--user-dir fairseq_ext --gen-subset test --batch-size 50 --required-batch-size-multiple 1
   --post-process sentencepiece --seed "$SEED")
 MH=(--task translation_mh --mh-chains "$CHAINS" --nbest 1 --mh-burn-in "$BURN_IN" --mh-epochs "$EPOCHS" --mh-history)
@@ -159,7 +160,7 @@ wait
 
 # the summary covers every finished run of OUT in table order, not only this call's ONLY (a call
 # that runs a few rows would otherwise overwrite the table and figures of the others)
-stats() {  # name: its stats file, or where that is gone (a kept row), its curves file
+stats() {  # name: its stats file, or where there is none (results/ holds no stats files), its curves file
   if [ -s "$OUT/$1.jsonl" ]; then echo "$OUT/$1.jsonl"; else echo "$OUT/$1.curves.json"; fi
 }
 FINISHED=""

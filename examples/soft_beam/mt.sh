@@ -102,7 +102,7 @@ ORDER="ce sn ce_ft ce_local ce_global sn_local sn_global"
 ONLY=${ONLY:-$ORDER}
 
 gen() {  # dir split mode options... (skipped when its score file is newer than the checkpoint:
-  # a resumed decode; a run retrained after its kept scores were restored is decoded again)
+  # a resumed decode; a run retrained after its score files were copied in is decoded again)
   local dir=$1 split=$2 mode=$3; shift 3
   [ "$dir/$split.$mode.json" -nt "$dir/checkpoint_best.pt" ] && return 0
   fairseq-generate "$D" --user-dir fairseq_ext --task translation_search --path "$dir/checkpoint_best.pt" \
@@ -112,7 +112,7 @@ gen() {  # dir split mode options... (skipped when its score file is newer than 
 }
 
 decode() {  # dir init normalisation; test first, the hard beam first (what the comparison
-  # with the control needs), so a session that ends early loses dev numbers, not the table's
+  # with the control needs), so a run interrupted during decoding loses dev numbers, not the table's
   local dir=$1 init=$2 norm=$3 split
   for split in test valid; do
     gen "$dir" $split hard --beam 3 --translation-search hard --search-normalization "$norm"

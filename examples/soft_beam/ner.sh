@@ -136,7 +136,7 @@ for seed in $SEEDS; do
     dir="$WORK/$name.s$seed"
     # (one line for read: options continued on a second line would be dropped)
     IFS='|' read -r init norm alpha opts <<< "${RUNS[$name]//$'\n'/ }"
-    # done: decoded here, or its score files restored from results/ (scripts/keep_results.py)
+    # done: decoded here, or its score files copied from results/
     if [ -e "$dir/done" ] || [ -s "$dir/test.soft.json" ]; then echo "done already: $name seed $seed"; continue; fi
     # a killed run leaves a checkpoint_best.pt: start it again from scratch, so that every
     # result comes from one uninterrupted run (the runs are minutes long)

@@ -243,7 +243,7 @@ def patch_resume_batches() -> None:
     starts at the requested epoch, so the per-epoch shuffling of the batch order
     (``seed + epoch``) and a mid-epoch resume's position are fairseq's.
 
-    On by default: a run interrupted and resumed (a preempted job, a session that ended)
+    On by default: a run interrupted and resumed (a preempted job, a job out of its time limit)
     should be the model its command trains, not another sample of it. It changes, compared
     with fairseq without the plugin, the batches of any run that starts from a checkpoint
     of a later epoch without resetting the data loader (a resumed run, ``--restore-file``
@@ -304,11 +304,11 @@ def patch_amp_loss_scaler() -> None:
       ``clip_grad_norm`` unscales the object that ``step`` hands on, so it is unscaled once;
       the gradient norm fairseq logs and clips was already the once-unscaled one.
     * the scaler is built with ``init_scale=--fp16-init-scale`` and, when
-      ``--amp-scale-window`` is given, ``growth_interval=--amp-init-scale`` (fairseq issue
-      #5342). It is rebuilt here from the two ``--amp-*`` options; with neither given the
-      scaler is fairseq's (both initial scales default to 128, the window to torch's 2000).
+      ``--amp-scale-window`` is given, ``growth_interval=--amp-init-scale`` (reported upstream:
+      https://github.com/facebookresearch/fairseq/issues/5342). It is rebuilt here from the two
+      ``--amp-*`` options; with neither given the scaler is fairseq's (both initial scales default to 128, the window to torch's 2000).
 
-    Found by the GPU run of ``tests/test_gpu.py`` (docs/performance.md);
+    ``tests/test_gpu.py`` shows both on CUDA (docs/performance.md);
     ``tests/test_amp_scaler.py`` checks both on the CPU against fairseq's own class.
     ``FAIRSEQ_EXT_AMP_FIX=0`` keeps fairseq's behaviour (to repeat a run made without the
     plugin)."""

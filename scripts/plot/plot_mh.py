@@ -22,8 +22,8 @@ mean +- sample std over the files (the curves: their mean).
 A stats file is large (every chain's state per epoch); ``--json`` of one run of one seed
 (``plot_mh.py RUN.jsonl --json RUN.curves.json``, as examples/mh_sampler/multi30k.sh writes beside
 each row) holds all that its table row and curves need, and may be given in its place
-(``s1.curves.json,s2.jsonl``): a recipe keeps it with its scores (scripts/keep_results.py
-keeps ``*.json``), so tables and figures can be drawn again after the stats files are gone.
+(``s1.curves.json,s2.jsonl``), so tables and figures can be drawn again from a run's scores and
+curves files alone (examples/mh_sampler/results/ keeps no stats files).
 
 usage: scripts/plot/plot_mh.py RUN.jsonl[,SEED2.jsonl|SEED2.curves.json ...] [RUN2.jsonl ...] [--labels a,b]
        [--png PREFIX [--curves e_local,bleu] [--panels] [--bleu-line NAME=VALUE ...]]
