@@ -39,7 +39,7 @@ from fairseq import utils
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion
 
 from fairseq_ext.synthetic import tiny_models, toy
-from fairseq_ext.criterions.scheduled_sampling import DifferentiableScheduledSampling
+from fairseq_ext.criterions.scheduled_sampling import DSSCriterion
 
 import timing  # bench/timing.py, beside this script
 
@@ -69,7 +69,7 @@ def bench_arch(data: str, arch: str, arch_args: List[str], args, device: torch.d
     sample = utils.apply_to_sample(lambda t: t.to(device), ds.collater([ds[i] for i in range(args.batch_size)]))
     fns = {"ce": lambda: step(model, sample, CrossEntropyCriterion(task, sentence_avg=False))}
     for name, mode, passes in VARIANTS:
-        crit = DifferentiableScheduledSampling(task, dss_mode=mode, dss_schedule="always", dss_warmup=0.0,
+        crit = DSSCriterion(task, dss_mode=mode, dss_schedule="always", dss_warmup=0.0,
                                                dss_passes=passes)
         fns[name] = (lambda c: lambda: step(model, sample, c))(crit)
     ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)

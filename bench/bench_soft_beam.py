@@ -40,7 +40,7 @@ from fairseq import utils
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion
 
 from fairseq_ext.synthetic import tiny_models, toy
-from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss
+from fairseq_ext.criterions.soft_beam import SoftBeamDirectLossCriterion
 
 import timing  # bench/timing.py, beside this script
 
@@ -70,7 +70,7 @@ def build(name: str, tmp: str, quick: bool, batch_size: int, device: torch.devic
 def criteria(task) -> Dict[str, object]:
     out = {"ce": CrossEntropyCriterion(task, sentence_avg=False)}
     for k in BEAMS:
-        out[f"soft beam k={k}"] = SoftBeamDirectLoss(task, soft_beam_size=k)
+        out[f"soft beam k={k}"] = SoftBeamDirectLossCriterion(task, soft_beam_size=k)
     return out
 
 

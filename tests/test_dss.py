@@ -174,7 +174,7 @@ def test_eps_one_sequential_pass_equals_cross_entropy(models, arch):
     cross_entropy criterion on the same batch."""
     from fairseq.criterions.cross_entropy import CrossEntropyCriterion
 
-    from fairseq_ext.criterions.scheduled_sampling import DifferentiableScheduledSampling
+    from fairseq_ext.criterions.scheduled_sampling import DSSCriterion
 
     model, sample = models[arch]
     fed = torch.zeros_like(sample["net_input"]["prev_output_tokens"], dtype=torch.bool)
@@ -183,7 +183,7 @@ def test_eps_one_sequential_pass_equals_cross_entropy(models, arch):
     _close_where_real(sequential, model(**sample["net_input"])[0], sample)
     task = _Task(model)
     ce = CrossEntropyCriterion(task, sentence_avg=False)(model, sample)[0]
-    dss = DifferentiableScheduledSampling(task)  # epoch 1: warm-up, eps = 1
+    dss = DSSCriterion(task)  # epoch 1: warm-up, eps = 1
     assert dss.schedule_values()[0] == 1.0
     assert torch.allclose(dss(model, sample)[0], ce)
     lprobs = model.get_normalized_probs((sequential, None), log_probs=True)
@@ -262,16 +262,16 @@ def test_parallel_passes_converge_to_the_sequential_pass(models, arch):
 
 
 def test_criterion_schedule_follows_the_clock(models):
-    from fairseq_ext.criterions.scheduled_sampling import DifferentiableScheduledSampling
+    from fairseq_ext.criterions.scheduled_sampling import DSSCriterion
 
     model, sample = models["lstm"]
-    c = DifferentiableScheduledSampling(_Task(model), dss_decay_k=4.0, dss_alpha=2.0, dss_alpha_growth=3.0)
+    c = DSSCriterion(_Task(model), dss_decay_k=4.0, dss_alpha=2.0, dss_alpha_growth=3.0)
     c.task.begin_epoch(1, model)
     assert c.schedule_values() == (1.0, 2.0)
     c.task.begin_epoch(4, model)  # 3 epochs done, 1 of warm-up: t = 2
     eps, alpha = c.schedule_values()
     assert eps == pytest.approx(4 / (4 + math.exp(2 / 4))) and alpha == pytest.approx(18.0)
-    u = DifferentiableScheduledSampling(_Task(model), dss_schedule="linear", dss_schedule_unit="update",
+    u = DSSCriterion(_Task(model), dss_schedule="linear", dss_schedule_unit="update",
                                         dss_warmup=10, dss_decay_slope=0.01)
     u.task.train_step(sample, model.train(), u, None, update_num=30)
     model.eval()
@@ -279,7 +279,7 @@ def test_criterion_schedule_follows_the_clock(models):
     for bad in (dict(dss_decay_k=0.5), dict(dss_passes=1), dict(dss_alpha=0.0),
                 dict(dss_schedule="linear", dss_decay_slope=0.0)):
         with pytest.raises(ValueError, match="--dss-"):
-            DifferentiableScheduledSampling(_Task(model), **bad)
+            DSSCriterion(_Task(model), **bad)
 
 
 

@@ -495,7 +495,7 @@ def test_training_search_follows_the_decoding_rules(shift, translators, monkeypa
     logged beam cost is the Hamming distance over the longer of hypothesis and
     reference, counted directly."""
     import fairseq_ext.criterions.soft_beam as criterion_module
-    from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss
+    from fairseq_ext.criterions.soft_beam import SoftBeamDirectLossCriterion
 
     task, model, sample = translators["lstm"]
     d = task.target_dictionary
@@ -506,7 +506,7 @@ def test_training_search_follows_the_decoding_rules(shift, translators, monkeypa
         return seen[-1]
 
     monkeypatch.setattr(criterion_module, "run_beam", spy)
-    criterion = SoftBeamDirectLoss(task, soft_beam_size=3, soft_beam_alpha=2.0, soft_beam_extra_len=2)
+    criterion = SoftBeamDirectLossCriterion(task, soft_beam_size=3, soft_beam_alpha=2.0, soft_beam_extra_len=2)
     handle = _shift_eos(model, d.eos(), shift)
     try:
         with torch.no_grad():
@@ -541,7 +541,7 @@ def test_search_dropout_modes(arch, translators):
     zeroed) but drawn anew on each call."""
     import copy
 
-    from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss
+    from fairseq_ext.criterions.soft_beam import SoftBeamDirectLossCriterion
 
     task, model, sample = translators[arch]
     model = copy.deepcopy(model).train()
@@ -553,7 +553,7 @@ def test_search_dropout_modes(arch, translators):
     def grads(mode):
         calls.clear()
         model.zero_grad()
-        criterion = SoftBeamDirectLoss(task, soft_beam_size=k, soft_beam_dropout=mode)
+        criterion = SoftBeamDirectLossCriterion(task, soft_beam_size=k, soft_beam_dropout=mode)
         criterion(model, sample)[0].backward()
         kept = []  # (B, k, rest) kept entries at each step with B x k rows
         for x, y in calls:
@@ -679,11 +679,11 @@ def test_decoding_defaults_to_the_checkpoints_normalization(toy_bin, tmp_path):
 
 def test_bad_length_options_are_refused(translators):
     from fairseq_ext.runtime.cli import ConfigError
-    from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss
+    from fairseq_ext.criterions.soft_beam import SoftBeamDirectLossCriterion
 
     task, model, sample = translators["lstm"]
     with pytest.raises(ConfigError, match="--soft-beam-extra-len must be >= 0"):
-        SoftBeamDirectLoss(task, soft_beam_extra_len=-1)
+        SoftBeamDirectLossCriterion(task, soft_beam_extra_len=-1)
     gen = BeamGenerator([model], task.target_dictionary, beam=2, soft=False, max_len_a=0.0, max_len_b=0)
     with pytest.raises(ConfigError, match="--max-len-a 0.0 / --max-len-b 0 allow 0 tokens"):
         gen.generate([model], sample)
@@ -767,7 +767,7 @@ def test_search_without_dropout_keeps_rnns_trainable_and_dropout_free(toy_bin):
     eval mode), and the LSTM runs in training mode meanwhile (cuDNN computes an RNN's
     backward only in training mode: on CUDA an eval-mode pass cannot be
     differentiated); afterwards its mode and dropout are as before."""
-    from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss
+    from fairseq_ext.criterions.soft_beam import SoftBeamDirectLossCriterion
 
     task, model, _ = tiny_models.build_task_and_model(toy_bin, "translation", "lstm",
                                               ["--encoder-layers", "2", "--decoder-layers", "2",
@@ -779,7 +779,7 @@ def test_search_without_dropout_keeps_rnns_trainable_and_dropout_free(toy_bin):
     assert isinstance(rnn, torch.nn.LSTM) and rnn.dropout == 0.5
     seen = []
     rnn.register_forward_pre_hook(lambda m, i: seen.append((m.training, m.dropout)))
-    criterion = SoftBeamDirectLoss(task, soft_beam_size=3, soft_beam_dropout="none")
+    criterion = SoftBeamDirectLossCriterion(task, soft_beam_size=3, soft_beam_dropout="none")
 
     def run(train):
         model.train(train)
@@ -807,7 +807,7 @@ def test_search_arithmetic_stays_float32_under_autocast(criterion_name, translat
     import copy
 
     from fairseq_ext.core import soft_beam as core
-    from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss, SoftBeamHinge
+    from fairseq_ext.criterions.soft_beam import SoftBeamDirectLossCriterion, SoftBeamHingeCriterion
     from fairseq_ext.decoding import soft_beam as generator
 
     steps = []
@@ -817,7 +817,7 @@ def test_search_arithmetic_stays_float32_under_autocast(criterion_name, translat
             steps.append((torch.is_autocast_enabled("cpu"), args[1].dtype, out.scores.dtype, out.costs.dtype))
             return out
         monkeypatch.setattr(generator, name, spy)
-    cls = SoftBeamDirectLoss if criterion_name == "soft_beam_direct_loss" else SoftBeamHinge
+    cls = SoftBeamDirectLossCriterion if criterion_name == "soft_beam_direct_loss" else SoftBeamHingeCriterion
     task, model, sample = translators["transformer"]
     model = copy.deepcopy(model)
     criterion = cls(task, soft_beam_size=3)

@@ -86,7 +86,7 @@ class DSSConfig(FairseqDataclass):
 
 
 @register_criterion("differentiable_scheduled_sampling", dataclass=DSSConfig)
-class DifferentiableScheduledSampling(FairseqCriterion):
+class DSSCriterion(FairseqCriterion):
     def __init__(self, task, dss_mode="soft-argmax", dss_schedule="inverse_sigmoid", dss_schedule_unit="epoch",
                  dss_warmup=1.0, dss_decay_k=10.0, dss_decay_slope=0.1, dss_min_eps=0.0, dss_alpha=1.0,
                  dss_alpha_growth=1.0, dss_alpha_max=1e4, dss_passes=0, label_smoothing=0.0, sentence_avg=False):

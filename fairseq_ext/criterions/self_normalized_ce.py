@@ -28,7 +28,7 @@ class SelfNormalizedCEConfig(FairseqDataclass):
 
 
 @register_criterion("self_normalized_ce", dataclass=SelfNormalizedCEConfig)
-class SelfNormalizedCE(FairseqCriterion):
+class SelfNormalizedCECriterion(FairseqCriterion):
     def __init__(self, task, self_norm_lambda=0.1, sentence_avg=False):
         super().__init__(task)
         check_options(SelfNormalizedCEConfig, locals())

@@ -191,14 +191,14 @@ class _SoftBeamCriterion(FairseqCriterion):
 
 
 @register_criterion("soft_beam_direct_loss", dataclass=SoftBeamConfig)
-class SoftBeamDirectLoss(_SoftBeamCriterion):
+class SoftBeamDirectLossCriterion(_SoftBeamCriterion):
     """L = peaked-softmax_alpha(s_T) . D_T (eq. 4.2); see the module docstring."""
 
     hinge = False
 
 
 @register_criterion("soft_beam_hinge", dataclass=SoftBeamConfig)
-class SoftBeamHinge(_SoftBeamCriterion):
+class SoftBeamHingeCriterion(_SoftBeamCriterion):
     """max(0, s_max - s(y*)) with cost-augmented scores (section 4.4)."""
 
     hinge = True

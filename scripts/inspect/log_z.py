@@ -13,8 +13,8 @@ from fairseq_cli import validate
 
 
 def _self_normalized_ce(task, cfg, from_checkpoint=False):
-    from fairseq_ext.criterions.self_normalized_ce import SelfNormalizedCE
-    return SelfNormalizedCE(task, self_norm_lambda=0.1)
+    from fairseq_ext.criterions.self_normalized_ce import SelfNormalizedCECriterion
+    return SelfNormalizedCECriterion(task, self_norm_lambda=0.1)
 
 
 if __name__ == "__main__":

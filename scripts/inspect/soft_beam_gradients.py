@@ -25,7 +25,7 @@ import torch
 from fairseq import checkpoint_utils
 
 import fairseq_ext  # noqa: F401  (registers the criteria)
-from fairseq_ext.criterions.soft_beam import SoftBeamDirectLoss, SoftBeamHinge
+from fairseq_ext.criterions.soft_beam import SoftBeamDirectLossCriterion, SoftBeamHingeCriterion
 from fairseq_ext.decoding.soft_beam import DROPOUT_MODES
 
 
@@ -70,7 +70,7 @@ def main() -> None:
     task.load_dataset(args.subset)
     ds = task.dataset(args.subset)
     sample = ds.collater([ds[i] for i in range(args.sentences)])
-    criterion_class = SoftBeamHinge if args.hinge else SoftBeamDirectLoss
+    criterion_class = SoftBeamHingeCriterion if args.hinge else SoftBeamDirectLossCriterion
     print(f"{args.sentences} sentences of {args.subset}, {args.draws} draws, k = {args.beam}, "
           f"{criterion_class.__name__}, {args.normalization} scores")
     print("| row | gradient norm | cosine between draws | relative variance |\n|---|---|---|---|")
