@@ -10,6 +10,7 @@ Tests:
 """
 from __future__ import annotations
 
+import json
 import math
 from typing import List, Optional, Sequence, Tuple
 
@@ -119,3 +120,16 @@ def format_table(rows: Sequence[Sequence[str]], markdown: bool = False) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
 
     return "\n".join([line(rows[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in rows[1:]])
+
+
+def print_scores(results: dict, table: str, json_path: Optional[str]) -> None:
+    """The score scripts' output: ``table`` on stdout, and ``results`` as JSON in
+    ``json_path`` too; with ``json_path`` ``-`` the JSON on stdout instead of the table."""
+    if json_path == "-":
+        print(json.dumps(results, indent=2))
+        return
+    print(table)
+    if json_path is not None:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2)
+            f.write("\n")

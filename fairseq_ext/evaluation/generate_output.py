@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import gzip
 import os
+import sys
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, TextIO, Union
+from typing import Dict, Iterable, List, Optional, TextIO, Union
 
 from fairseq_ext.runtime.cli import ConfigError
 
@@ -93,9 +94,11 @@ def open_text(path: str) -> TextIO:
     return open(path, encoding="utf-8")
 
 
-def read_generate_file(path: str) -> Generated:
-    """``read_generate_output`` of a file (or its ``.gz``); GenerateOutputError naming
-    a missing file."""
+def read_generate_file(path: Optional[str]) -> Generated:
+    """``read_generate_output`` of a file (or its ``.gz``; standard input for None or
+    ``-``); GenerateOutputError naming a missing file."""
+    if path in (None, "-"):
+        return read_generate_output(sys.stdin, "<stdin>")
     try:
         with open_text(path) as f:
             return read_generate_output(f, path)

@@ -13,12 +13,12 @@ from ``fairseq_ext/core/task_losses.py`` (through
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Optional
 
 from fairseq_ext.core import task_losses
-from fairseq_ext.evaluation.generate_output import read_generate_file, read_generate_output, read_lines
+from fairseq_ext.evaluation.comparison import print_scores
+from fairseq_ext.evaluation.generate_output import read_generate_file, read_lines
 from fairseq_ext.evaluation.translation import bleu_by_source_length, format_table, remove_bpe, score
 from fairseq_ext.runtime.cli import ConfigError
 
@@ -127,14 +127,10 @@ def main(argv: Optional[list[str]] = None) -> None:
             if len(srcs) != len(hyps):
                 raise ConfigError(f"{args.src} has {len(srcs)} lines but {args.hyp} has {len(hyps)}")
             where = args.src or args.hyp
-        elif args.generate_output in (None, "-"):
-            g = read_generate_output(sys.stdin, "<stdin>")
-            hyps, refs, raw_hyps, srcs = g.hypotheses, g.references, g.raw, g.sources
-            where = "<stdin>"
         else:
             g = read_generate_file(args.generate_output)
             hyps, refs, raw_hyps, srcs = g.hypotheses, g.references, g.raw, g.sources
-            where = args.generate_output
+            where = args.generate_output if args.generate_output not in (None, "-") else "<stdin>"
         if edges is not None and not any(srcs):
             raise ConfigError(f"--length-buckets needs sources: {where} has none (S- lines, or --src with --hyp)")
     except ConfigError as err:
@@ -150,14 +146,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if edges is not None:
         srcs = [remove_bpe(x, args.bpe_symbol) for x in srcs]
         results["bleu_by_source_length"] = bleu_by_source_length(hyps, refs, srcs, edges)
-    if args.json == "-":
-        print(json.dumps(results, indent=2))
-        return
-    print(format_table(results))
-    if args.json is not None:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2)
-            f.write("\n")
+    print_scores(results, format_table(results), args.json)
 
 
 if __name__ == "__main__":

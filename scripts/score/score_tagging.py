@@ -11,11 +11,10 @@ space-separated labels a line (``--hyp FILE --ref FILE``). The metrics come from
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import List, Optional
 
-from fairseq_ext.evaluation.generate_output import read_generate_file, read_generate_output, read_lines
+from fairseq_ext.evaluation.comparison import print_scores
+from fairseq_ext.evaluation.generate_output import read_generate_file, read_lines
 from fairseq_ext.evaluation.tagging import format_table, score
 from fairseq_ext.runtime.cli import ConfigError
 
@@ -67,23 +66,13 @@ def main(argv: Optional[List[str]] = None) -> None:
                 raise ConfigError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}")
             if not refs:
                 raise ConfigError(f"{args.ref}: no lines")
-        elif args.generate_output in (None, "-"):
-            g = read_generate_output(sys.stdin, "<stdin>")
-            hyps, refs = [h.split() for h in g.raw], [r.split() for r in g.references]
         else:
             g = read_generate_file(args.generate_output)
             hyps, refs = [h.split() for h in g.raw], [r.split() for r in g.references]
         results = score(hyps, refs, args.scheme)
     except ConfigError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
-    if args.json == "-":
-        print(json.dumps(results, indent=2))
-        return
-    print(format_table(results))
-    if args.json is not None:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2)
-            f.write("\n")
+    print_scores(results, format_table(results), args.json)
 
 
 if __name__ == "__main__":
