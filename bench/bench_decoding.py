@@ -6,7 +6,7 @@ Run: ``.venv/bin/python bench/bench_decoding.py`` (about 2 minutes on one CPU co
 
 Models: a ``transformer`` (3+3 layers, embed 256, ffn 1024, 4 heads) and an ``lstm``
 (2+2 layers, 256 units) on the toy translation task, and a ``transformer_lm`` (3 layers,
-embed 256) on ``text_completion`` (``--context-size 3``: the decoder continues a
+embed 256) on ``text_completion`` (``--completion-context-size 3``: the decoder continues a
 3-token prompt). Data: the embedded toy corpus (``fairseq_ext.synthetic.toy``) in a temp dir.
 Weights are random (untrained), so two output regimes are measured:
 
@@ -92,7 +92,7 @@ def build_models(tmp: str, quick: bool) -> List[Tuple[str, object, object]]:
                                   ("transformer_lm", lm_bin, "text_completion")):
         extra = [] if quick else list(MODERATE_ARCHS[arch])
         if task_name == "text_completion":
-            extra += ["--context-size", "3"]
+            extra += ["--completion-context-size", "3"]
         task, model, _ = tiny_models.build_task_and_model(data, task_name, arch, extra)
         task.load_dataset("valid")
         out.append((arch, task, model.eval()))

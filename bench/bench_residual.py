@@ -1,5 +1,5 @@
 """Energies per second of a residual energy model (``residual_energy``, ``bit``)
-scoring the n base-LM samples of Algorithm 1 in batches (``--energy-batch-size``,
+scoring the n base-LM samples of Algorithm 1 in batches (``--residual-energy-batch-size``,
 as the joint sampler and eval_residual.py do) against one sequence at a time,
 both timed in the same run (interleaved, median), and their ratio.
 

@@ -55,7 +55,7 @@ def build(name: str, tmp: str, quick: bool, batch_size: int, device: torch.devic
         arch = ["--arch", "tagging_lstm_tiny", "--dropout", "0.0"] if quick else \
             ["--arch", "tagging_lstm_ner", "--dropout", "0.2"]
         task, model, _ = tiny_models.build_task_and_model(data, "sequence_tagging", "tagging_lstm",
-                                                  ["--cache-dir", os.path.join(tmp, "cache")] + arch)
+                                                  ["--tagging-cache-dir", os.path.join(tmp, "cache")] + arch)
     else:
         raw = toy.write_toy_data(os.path.join(tmp, "raw"), sizes=(max(64, batch_size), 10, 10))
         data = toy.binarize_translation(raw, os.path.join(tmp, "bin"))

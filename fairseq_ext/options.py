@@ -72,7 +72,7 @@ def component_options(component: Component) -> List[Option]:
 
 @functools.lru_cache(maxsize=1)
 def plugin_flags() -> FrozenSet[str]:
-    """Every option string a plugin component adds (``--mgs-alpha``, ``--context-size``, ...)."""
+    """Every option string a plugin component adds (``--mgs-alpha``, ``--completion-context-size``, ...)."""
     return frozenset(f for c in plugin_components() for o in component_options(c) for f in o.flags)
 
 

@@ -43,7 +43,8 @@ def untrained_models(toy_bin, toy_lm_bin):
     for arch in ("transformer", "lstm"):
         task, model, _ = tiny_models.build_task_and_model(toy_bin, "translation", arch)
         out[arch] = (task, model)
-    task, model, _ = tiny_models.build_task_and_model(toy_lm_bin, "text_completion", "transformer_lm", ["--context-size", "3"])
+    task, model, _ = tiny_models.build_task_and_model(toy_lm_bin, "text_completion", "transformer_lm",
+                                                      ["--completion-context-size", "3"])
     out["transformer_lm"] = (task, model)
     return out
 

@@ -117,7 +117,7 @@ def test_text_completion_train_generate(toy_lm_bin, toy_raw, tmp_path):
     of --required-batch-size-multiple (8), which fairseq-fixed drops unless the task
     sets it to 1 (tasks/batching.py)."""
     save = str(tmp_path / "lm")
-    common = ["--user-dir", "fairseq_ext", "--task", "text_completion", "--context-size", "3"]
+    common = ["--user-dir", "fairseq_ext", "--task", "text_completion", "--completion-context-size", "3"]
     run_cli(["fairseq-train", toy_lm_bin] + common + [
         "--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "32",
         "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2", "--optimizer", "adam", "--lr", "0.005",

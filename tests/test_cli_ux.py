@@ -40,11 +40,12 @@ def test_bad_plugin_option_ends_with_one_line(toy_bin, tmp_path, bad, last_line)
 
 def test_bad_task_option_ends_with_one_line(toy_lm_bin, tmp_path):
     proc = run(["fairseq-train", toy_lm_bin, "--user-dir", "fairseq_ext", "--task", "text_completion",
-                "--context-size", "0", "--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16",
-                "--decoder-ffn-embed-dim", "16", "--decoder-attention-heads", "2", "--optimizer", "adam",
+                "--completion-context-size", "0", "--arch", "transformer_lm", "--decoder-layers", "1",
+                "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "16", "--decoder-attention-heads", "2",
+                "--optimizer", "adam",
                 "--lr", "0.001", "--max-tokens", "2000", "--max-update", "1", "--no-save", "--save-dir", str(tmp_path)])
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines()[-1] == "fairseq-train: error: --context-size must be >= 1, got 0"
+    assert proc.stderr.strip().splitlines()[-1] == "fairseq-train: error: --completion-context-size must be >= 1, got 0"
     assert "Traceback" not in proc.stderr
 
 

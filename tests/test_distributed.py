@@ -77,7 +77,7 @@ CRITERIA = {
     "soft_beam_direct_loss": ["--criterion", "soft_beam_direct_loss"] + SB,
     "soft_beam_hinge": ["--criterion", "soft_beam_hinge"] + SB,
     "self_normalized_ce": ["--criterion", "self_normalized_ce"],
-    "residual_nce": ["--criterion", "residual_nce", "--num-negatives", "2"],
+    "residual_nce": ["--criterion", "residual_nce", "--residual-num-negatives", "2"],
 }
 SAMPLING = {"pg"}  # updates depend on the random stream, not only on the data
 # logged keys that are timings or depend on the process layout, not on the method
@@ -163,8 +163,8 @@ def runs(request, mt, tmp_path_factory):
         if criterion == "residual_nce":
             toy_lm_bin, base_lm, negatives = (request.getfixturevalue(name)
                                               for name in ("toy_lm_bin", "base_lm", "negatives"))
-            base = [toy_lm_bin, *RESIDUAL_TASK[2:], "--base-lm", base_lm, "--negatives-dir", negatives,
-                    "--arch", "residual_energy", "--energy-variant", "bit", "--encoder-layers", "1",
+            base = [toy_lm_bin, *RESIDUAL_TASK[2:], "--residual-base-lm", base_lm, "--residual-negatives-dir",
+                    negatives, "--arch", "residual_energy", "--energy-variant", "bit", "--encoder-layers", "1",
                     "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
                     "--dropout", "0.0"]
             ref_batch = ["--batch-size", "4", "--update-freq", "2"]

@@ -118,7 +118,8 @@ def models(toy_bin, conll, cache):
     for arch in ("transformer", "lstm"):
         task, model, _ = tiny_models.build_task_and_model(toy_bin, "translation", arch)
         out[arch] = (model.eval(), _batch(task, "valid"))
-    task, model, _ = tiny_models.build_task_and_model(conll, "sequence_tagging", "tagging_lstm", ["--cache-dir", cache])
+    task, model, _ = tiny_models.build_task_and_model(conll, "sequence_tagging", "tagging_lstm",
+                                                      ["--tagging-cache-dir", cache])
     out["tagging_lstm"] = (model.eval(), _batch(task, "test"))
     return out
 
@@ -450,7 +451,7 @@ def _train_logs(stdout):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fairseq_train_runs(arch, toy_bin, conll, cache, tmp_path):
     if arch == "tagging_lstm":
-        data = [conll, "--task", "sequence_tagging", "--cache-dir", cache, "--arch", "tagging_lstm_tiny",
+        data = [conll, "--task", "sequence_tagging", "--tagging-cache-dir", cache, "--arch", "tagging_lstm_tiny",
                 "--batch-size", "16"]
     else:
         data = [toy_bin, "--task", "translation"] + tiny_models.TINY_ARCHS[arch] + ["--max-tokens", "400"]
@@ -469,7 +470,7 @@ def test_fairseq_train_runs(arch, toy_bin, conll, cache, tmp_path):
 def test_schedules_survive_resume(conll, cache, tmp_path):
     """Two epochs, stop, resume to four: the schedule values of epochs 3-4 equal an
     uninterrupted four-epoch run's (by update here; by epoch is covered above)."""
-    base = [conll, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--task", "sequence_tagging", "--cache-dir",
+    base = [conll, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--task", "sequence_tagging", "--tagging-cache-dir",
             cache, "--arch", "tagging_lstm_tiny", "--batch-size", "16", *COMMON, "--dss-schedule-unit", "update",
             "--dss-warmup", "5", "--dss-decay-k", "10", "--dss-alpha-growth", "1.1"]
     straight = _train_logs(run_cli(["fairseq-train", *base, "--max-epoch", "4",
@@ -489,7 +490,7 @@ def test_epoch_schedule_follows_the_formula_across_a_resume(conll, cache, tmp_pa
     and alpha logged per epoch are the thesis's schedule written out by hand,
     eps = 1 in epoch 1, then 2 / (2 + exp(t / 2)) with t = epoch - 2, and alpha
     tripled per epoch after the first."""
-    base = [conll, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--task", "sequence_tagging", "--cache-dir",
+    base = [conll, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--task", "sequence_tagging", "--tagging-cache-dir",
             cache, "--arch", "tagging_lstm_tiny", "--batch-size", "16", *COMMON, "--dss-schedule-unit", "epoch",
             "--dss-warmup", "1", "--dss-decay-k", "2", "--dss-alpha", "1", "--dss-alpha-growth", "3",
             "--no-save-optimizer-state", "--save-dir", str(tmp_path / "ck")]

@@ -56,9 +56,9 @@ def test_translation_search_decodes_in_fp16(toy_bin, tmp_path):
     base = ["fairseq-generate", toy_bin, *user, "--task", "translation_search", "--path",
             str(tmp_path / "ck" / "checkpoint_last.pt"), "--gen-subset", "valid", "--batch-size", "16"]
     hyps = _decode_both_precisions(base, {
-        "fairseq1": ["--beam", "1"], "hard1": ["--beam", "1", "--translation-search", "hard"],
-        "hard3": ["--beam", "3", "--translation-search", "hard"],
-        "soft3": ["--beam", "3", "--translation-search", "soft", "--search-alpha", "1e9"]})
+        "fairseq1": ["--beam", "1"], "hard1": ["--beam", "1", "--search-algorithm", "hard"],
+        "hard3": ["--beam", "3", "--search-algorithm", "hard"],
+        "soft3": ["--beam", "3", "--search-algorithm", "soft", "--search-alpha", "1e9"]})
     assert len(hyps["fairseq1"]) == 40
     assert hyps["hard1"] == hyps["fairseq1"]
     assert hyps["soft3"] == hyps["hard3"]
@@ -186,7 +186,7 @@ def test_tagging_soft_beam_trains_and_decodes_in_fp16(conll, cache, tmp_path):
     and hard tagging searches on CUDA: the same tags at alpha 1e9 (float32); fp16
     decoding runs and mostly agrees."""
     user = ["--user-dir", os.path.join(REPO, "fairseq_ext")]
-    data = [conll, *user, "--task", "sequence_tagging", "--cache-dir", cache]
+    data = [conll, *user, "--task", "sequence_tagging", "--tagging-cache-dir", cache]
     proc = run_cli(["fairseq-train", *data, "--arch", "tagging_lstm_tiny", "--batch-size", "16",
                     "--criterion", "soft_beam_direct_loss", "--soft-beam-size", "3", "--optimizer", "adam",
                     "--lr", "0.01", "--max-update", "20", "--fp16", "--log-format", "json", "--log-interval", "5",
@@ -196,8 +196,8 @@ def test_tagging_soft_beam_trains_and_decodes_in_fp16(conll, cache, tmp_path):
     assert logs and all(math.isfinite(float(log["loss"])) for log in logs)
     base = ["fairseq-generate", *data, "--path", str(tmp_path / "ck" / "checkpoint_last.pt"), "--gen-subset", "valid",
             "--batch-size", "16", "--beam", "3"]
-    hyps = _decode_both_precisions(base, {"hard": ["--tagging-search", "hard"],
-                                          "soft": ["--tagging-search", "soft", "--search-alpha", "1e9"]})
+    hyps = _decode_both_precisions(base, {"hard": ["--search-algorithm", "hard"],
+                                          "soft": ["--search-algorithm", "soft", "--search-alpha", "1e9"]})
     assert hyps["hard"] and hyps["soft"] == hyps["hard"]
 
 
@@ -219,7 +219,8 @@ def _decode_both_precisions(base, searches):
 
 def test_residual_nce_trains_in_fp16(toy_lm_bin, tmp_path):
     """The base LM, its negatives and the residual energy model trained in fp16 on CUDA."""
-    task = ["--user-dir", "fairseq_ext", "--task", "residual_lm", "--prefix-len", "8", "--continuation-len", "4"]
+    task = ["--user-dir", "fairseq_ext", "--task", "residual_lm", "--residual-prefix-len", "8",
+            "--residual-continuation-len", "4"]
     run_cli(["fairseq-train", toy_lm_bin, "--user-dir", "fairseq_ext", "--task", "language_modeling",
              "--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16",
              "--decoder-output-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
@@ -227,10 +228,11 @@ def test_residual_nce_trains_in_fp16(toy_lm_bin, tmp_path):
              "--max-update", "30", "--save-dir", str(tmp_path / "lm"), "--no-epoch-checkpoints",
              "--disable-validation", "--fp16", "--seed", "1"], cwd=REPO)
     base_lm = str(tmp_path / "lm" / "checkpoint_last.pt")
-    run_cli(["python", "scripts/prepare/sample_negatives.py", toy_lm_bin, "--base-lm", base_lm, "--splits", "train,valid",
-             "--num-samples", "4", "--out-dir", str(tmp_path / "neg")] + task, cwd=REPO)
-    proc = run_cli(["fairseq-train", toy_lm_bin, "--base-lm", base_lm, "--negatives-dir", str(tmp_path / "neg"),
-                    "--num-negatives", "2", "--arch", "residual_energy", "--energy-variant", "bit",
+    run_cli(["python", "scripts/prepare/sample_negatives.py", toy_lm_bin, "--residual-base-lm", base_lm,
+             "--splits", "train,valid", "--num-samples", "4", "--out-dir", str(tmp_path / "neg")] + task, cwd=REPO)
+    proc = run_cli(["fairseq-train", toy_lm_bin, "--residual-base-lm", base_lm, "--residual-negatives-dir",
+                    str(tmp_path / "neg"), "--residual-num-negatives", "2", "--arch", "residual_energy",
+                    "--energy-variant", "bit",
                     "--encoder-layers", "1", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
                     "--encoder-attention-heads", "2", "--criterion", "residual_nce", "--optimizer", "adam",
                     "--lr", "0.003", "--batch-size", "16", "--max-update", "20", "--fp16",

@@ -42,8 +42,9 @@ def command(component, data, tmp):
     """A fairseq command that chooses ``component`` (the rest valid), as (argv, save dir or None)."""
     save = str(tmp / "ck")
     train = ["fairseq-train"]
-    tagging = [data["conll"], "--task", "sequence_tagging", "--cache-dir", str(tmp / "cache")]
-    residual = [data["lm"], "--task", "residual_lm", "--base-lm", str(tmp / "base.pt"), "--arch", "residual_energy"]
+    tagging = [data["conll"], "--task", "sequence_tagging", "--tagging-cache-dir", str(tmp / "cache")]
+    residual = [data["lm"], "--task", "residual_lm", "--residual-base-lm", str(tmp / "base.pt"), "--arch",
+                "residual_energy"]
     contexts = {
         ("task", "text_completion"): train + [data["lm"], "--task", "text_completion"] + LM_ARCH,
         ("task", "sequence_tagging"): train + tagging + ["--arch", "tagging_lstm_tiny"],
@@ -219,9 +220,9 @@ def mistakes(toy_lm_bin, lm_checkpoint, other_dictionary, tmp_path_factory):
         "no path": generate + [toy_lm_bin, "--path", str(tmp / "nosuch.pt")],
         "path not a checkpoint": generate + [toy_lm_bin, "--path", str(tmp / "text.pt")],
         "other dictionary, generate": generate + [other_dictionary, "--path", lm_checkpoint],
-        "residual_nce without negatives": ["fairseq-train", toy_lm_bin, "--task", "residual_lm", "--base-lm",
-                                           lm_checkpoint, "--negatives-dir", str(tmp / "no_negatives"),
-                                           "--prefix-len", "8", "--continuation-len", "4", "--arch",
+        "residual_nce without negatives": ["fairseq-train", toy_lm_bin, "--task", "residual_lm", "--residual-base-lm",
+                                           lm_checkpoint, "--residual-negatives-dir", str(tmp / "no_negatives"),
+                                           "--residual-prefix-len", "8", "--residual-continuation-len", "4", "--arch",
                                            "residual_energy", "--encoder-layers", "1", "--encoder-embed-dim", "16",
                                            "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
                                            "--criterion", "residual_nce", "--batch-size", "8"],

@@ -294,7 +294,7 @@ def test_wikitext_dry_run_prints_the_paper_settings(tmp_path):
     assert "--criterion mgs --mgs-candidates 4 --mgs-mixture 0.5 --mgs-alpha 1.0" in out
     assert "--validate-interval-updates 100" in out and "--patience 10" in out
     assert "--max-len-b 510" in out and "--max-len 500" in out
-    assert "--prefix-len 120 --continuation-len 40" in out and "--criterion residual_nce" in out
+    assert "--residual-prefix-len 120 --residual-continuation-len 40" in out and "--criterion residual_nce" in out
     train = [line for line in out.splitlines() if line.startswith("fairseq-train")]
     assert len(train) == 6 and all("--distributed-world-size 4" in line for line in train)
     assert [line.split("--save-dir ")[1].split()[0].rsplit("/", 1)[1] for line in train if "--fp16" in line] == [

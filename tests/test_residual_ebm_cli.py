@@ -16,7 +16,8 @@ from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.task_losses import unique_ngram_share
 
 P, L = 8, 4
-TASK = ["--user-dir", "fairseq_ext", "--task", "residual_lm", "--prefix-len", str(P), "--continuation-len", str(L)]
+TASK = ["--user-dir", "fairseq_ext", "--task", "residual_lm", "--residual-prefix-len", str(P),
+        "--residual-continuation-len", str(L)]
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +35,14 @@ def base_lm(toy_lm_bin, tmp_path_factory):
 @pytest.fixture(scope="module")
 def negatives(toy_lm_bin, base_lm, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("negatives"))
-    run_cli(["python", "scripts/prepare/sample_negatives.py", toy_lm_bin, "--base-lm", base_lm, "--splits", "train,valid,test",
-             "--num-samples", "4", "--out-dir", out] + TASK)
+    run_cli(["python", "scripts/prepare/sample_negatives.py", toy_lm_bin, "--residual-base-lm", base_lm,
+             "--splits", "train,valid,test", "--num-samples", "4", "--out-dir", out] + TASK)
     return out
 
 
 def train_ebm(data, base_lm, negatives, save, variant, updates):
-    return run_cli(["fairseq-train", data, "--base-lm", base_lm, "--negatives-dir", negatives, "--num-negatives", "2",
+    return run_cli(["fairseq-train", data, "--residual-base-lm", base_lm, "--residual-negatives-dir", negatives,
+                    "--residual-num-negatives", "2",
                     "--arch", "residual_energy", "--energy-variant", variant, "--encoder-layers", "1",
                     "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
                     "--criterion", "residual_nce", "--optimizer", "adam", "--lr", "0.003", "--batch-size", "16",
@@ -62,7 +64,7 @@ def stats(log, subset):
 
 def test_negatives_file_is_aligned(toy_lm_bin, base_lm, negatives):
     stored = torch.load(os.path.join(negatives, "valid.negatives.pt"), weights_only=True)
-    task, _ = setup(toy_lm_bin, "--base-lm", base_lm)
+    task, _ = setup(toy_lm_bin, "--residual-base-lm", base_lm)
     blocks = task.load_blocks("valid")
     assert stored["tokens"].shape == (blocks.size(0), 4, L) and stored["prefix_len"] == P
     assert stored["lm_log_prob"].shape == (blocks.size(0), 4)
@@ -100,10 +102,10 @@ def test_eval_script_perplexity_range(toy_lm_bin, base_lm, negatives, trained_bi
     save, _ = trained_bit
     out_json, out_samples = tmp_path / "eval.json", tmp_path / "samples.jsonl"
     png = ["--png", str(tmp_path / "fig")]
-    run_cli(["python", "scripts/score/eval_residual.py", toy_lm_bin, "--base-lm", base_lm, "--path",
+    run_cli(["python", "scripts/score/eval_residual.py", toy_lm_bin, "--residual-base-lm", base_lm, "--path",
              os.path.join(save, "checkpoint_best.pt"), "--gen-subset", "test", "--num-samples", "16",
-             "--range-ns", "2,4,8", "--joint-samples", "8", "--joint-topk", "3", "--samples-out", str(out_samples),
-             "--json", str(out_json)] + png + TASK)
+             "--range-ns", "2,4,8", "--residual-joint-samples", "8", "--residual-joint-topk", "3",
+             "--samples-out", str(out_samples), "--json", str(out_json)] + png + TASK)
     res = json.loads(out_json.read_text())
     from matplotlib.image import imread
 
@@ -112,7 +114,7 @@ def test_eval_script_perplexity_range(toy_lm_bin, base_lm, negatives, trained_bi
     stored = torch.load(os.path.join(negatives, "test.negatives.pt"), weights_only=True)
     assert res["prefixes"] == stored["tokens"].size(0)
     # the base LM perplexity of the real continuations, scored by fairseq's own LM forward
-    task, _ = setup(toy_lm_bin, "--base-lm", base_lm)
+    task, _ = setup(toy_lm_bin, "--residual-base-lm", base_lm)
     blocks = task.load_blocks("test")
     real_lp = fairseq_lm_log_prob(task.base_lm, blocks, P).sum(1)
     assert res["base_lm_ppl"] == pytest.approx(torch.exp(-real_lp.sum() / (len(blocks) * L)).item(), rel=1e-4)
@@ -142,9 +144,9 @@ def test_eval_script_perplexity_range(toy_lm_bin, base_lm, negatives, trained_bi
 
 def test_generate_joint_sampler(toy_lm_bin, base_lm, trained_bit):
     save, _ = trained_bit
-    out = run_cli(["fairseq-generate", toy_lm_bin, "--base-lm", base_lm, "--path", os.path.join(save, "checkpoint_best.pt"),
-                   "--gen-subset", "valid", "--batch-size", "8",
-                   "--joint-samples", "8", "--joint-topk", "5", "--nbest", "2"] + TASK)
+    out = run_cli(["fairseq-generate", toy_lm_bin, "--residual-base-lm", base_lm,
+                   "--path", os.path.join(save, "checkpoint_best.pt"), "--gen-subset", "valid", "--batch-size", "8",
+                   "--residual-joint-samples", "8", "--residual-joint-topk", "5", "--nbest", "2"] + TASK)
     hyps = [line for line in out.stdout.splitlines() if line.startswith("H-")]
     pos = [line for line in out.stdout.splitlines() if line.startswith("P-")]
     sources = [line for line in out.stdout.splitlines() if line.startswith("S-")]
@@ -157,8 +159,9 @@ def test_joint_sampler_shards_together_equal_one_run(toy_lm_bin, base_lm, traine
     its prefix ids, so the shards print exactly the whole run's joint samples."""
     save, _ = trained_bit
     whole = assert_shards_make_one_run(
-        ["fairseq-generate", toy_lm_bin, "--base-lm", base_lm, "--path", os.path.join(save, "checkpoint_best.pt"),
-         "--gen-subset", "valid", "--batch-size", "5", "--joint-samples", "6", "--nbest", "2"] + TASK)
+        ["fairseq-generate", toy_lm_bin, "--residual-base-lm", base_lm, "--path", os.path.join(save,
+                                                                                               "checkpoint_best.pt"),
+         "--gen-subset", "valid", "--batch-size", "5", "--residual-joint-samples", "6", "--nbest", "2"] + TASK)
     assert len(whole) > 5 and all(len(h) == 2 for h in whole.values())
 
 
@@ -177,10 +180,10 @@ def setup(data, *extra):
 
 
 def test_missing_base_lm_fails_naming_the_option(toy_lm_bin, tmp_path):
-    with pytest.raises(ConfigError, match="--base-lm"):
+    with pytest.raises(ConfigError, match="--residual-base-lm"):
         setup(toy_lm_bin)
-    with pytest.raises(ConfigError, match="--base-lm: no such checkpoint file"):
-        setup(toy_lm_bin, "--base-lm", str(tmp_path / "nope.pt"))
+    with pytest.raises(ConfigError, match="--residual-base-lm: no such checkpoint file"):
+        setup(toy_lm_bin, "--residual-base-lm", str(tmp_path / "nope.pt"))
 
 
 def test_encoder_decoder_checkpoint_is_refused(toy_lm_bin, base_lm, tmp_path):
@@ -188,7 +191,7 @@ def test_encoder_decoder_checkpoint_is_refused(toy_lm_bin, base_lm, tmp_path):
     state["model"]["encoder.embed_tokens.weight"] = state["model"]["decoder.embed_tokens.weight"]
     torch.save(state, tmp_path / "seq2seq.pt")
     with pytest.raises(ValueError, match="not a decoder-only transformer_lm"):
-        setup(toy_lm_bin, "--base-lm", str(tmp_path / "seq2seq.pt"))
+        setup(toy_lm_bin, "--residual-base-lm", str(tmp_path / "seq2seq.pt"))
 
 
 def test_mismatched_dictionary_fails(toy_lm_bin, base_lm, tmp_path):
@@ -197,17 +200,18 @@ def test_mismatched_dictionary_fails(toy_lm_bin, base_lm, tmp_path):
     with open(data / "dict.txt", "a") as f:
         f.write("extraword 1\n")
     with pytest.raises(ValueError, match="vocabulary has .* entries but the data dictionary has"):
-        setup(str(data), "--base-lm", base_lm)
+        setup(str(data), "--residual-base-lm", base_lm)
     # same size, different words: caught against the base LM's own data dict.txt
     lines = (tmp_path / "data" / "dict.txt").read_text().splitlines()[:-1]
     lines[0] = "zzzz " + lines[0].split()[1]
     (data / "dict.txt").write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match="differs from the data dictionary"):
-        setup(str(data), "--base-lm", base_lm)
+        setup(str(data), "--residual-base-lm", base_lm)
 
 
 def test_negatives_checked_against_the_blocks(toy_lm_bin, base_lm, negatives):
-    task, _ = setup(toy_lm_bin, "--base-lm", base_lm, "--negatives-dir", negatives, "--prefix-len", "6")
+    task, _ = setup(toy_lm_bin, "--residual-base-lm", base_lm, "--residual-negatives-dir", negatives,
+                    "--residual-prefix-len", "6")
     with pytest.raises(ValueError, match="sample_negatives.py"):
         task.load_dataset("valid")
 
@@ -216,19 +220,19 @@ def test_criterion_without_negatives_says_what_to_run(toy_lm_bin, base_lm, tmp_p
     """residual_nce makes the task refuse a split without negatives, loaded before or after it is built."""
     from fairseq_ext.criterions.residual_nce import ResidualNCECriterion
 
-    task, args = setup(toy_lm_bin, "--base-lm", base_lm, "--negatives-dir", str(tmp_path))
+    task, args = setup(toy_lm_bin, "--residual-base-lm", base_lm, "--residual-negatives-dir", str(tmp_path))
     task.load_dataset("valid")
     with pytest.raises(ConfigError, match=r"--criterion residual_nce needs the negatives of split valid, .*"
                                           r"valid.negatives.pt: run scripts/sample_negatives.py"):
         ResidualNCECriterion(task)
-    task, args = setup(toy_lm_bin, "--base-lm", base_lm, "--negatives-dir", str(tmp_path))
+    task, args = setup(toy_lm_bin, "--residual-base-lm", base_lm, "--residual-negatives-dir", str(tmp_path))
     ResidualNCECriterion(task)
     with pytest.raises(ConfigError, match="needs the negatives of split train"):
         task.load_dataset("train")
 
 
 def test_unit_starts_from_the_base_lm(toy_lm_bin, base_lm):
-    task, args = setup(toy_lm_bin, "--base-lm", base_lm, "--energy-variant", "unit")
+    task, args = setup(toy_lm_bin, "--residual-base-lm", base_lm, "--energy-variant", "unit")
     model = task.build_model(args)
     base = task.base_lm.decoder.state_dict()
     for name, value in model.body.state_dict().items():
@@ -248,7 +252,7 @@ def test_joint_sampler_follows_the_energy(toy_lm_bin, base_lm):
     samples of its prefix (exp(-50) ~ 2e-22), and only ever one of its proposals."""
     from fairseq_ext.generators.joint_sampler import JointSampler, sample_continuations
 
-    task, _ = setup(toy_lm_bin, "--base-lm", base_lm)
+    task, _ = setup(toy_lm_bin, "--residual-base-lm", base_lm)
     task.load_dataset("valid")
     ds = task.dataset("valid")
     batch = ds.collater([ds[i] for i in range(6)])
@@ -285,7 +289,7 @@ def test_base_lm_scoring_and_top1_sampling(toy_lm_bin, base_lm):
     and top-1 sampling equals greedy decoding with that forward."""
     from fairseq_ext.generators.joint_sampler import lm_log_prob, sample_continuations
 
-    task, _ = setup(toy_lm_bin, "--base-lm", base_lm)
+    task, _ = setup(toy_lm_bin, "--residual-base-lm", base_lm)
     lm, eos = task.base_lm, task.dictionary.eos()
     x = task.load_blocks("valid")[:5]
     inputs = torch.cat([torch.full((5, 1), eos), x[:, :-1]], 1)
@@ -300,14 +304,15 @@ def test_base_lm_scoring_and_top1_sampling(toy_lm_bin, base_lm):
 
 def test_negatives_sampled_with_topk_are_refused(toy_lm_bin, base_lm, negatives, tmp_path):
     """NCE needs P_LM itself as its noise: negatives drawn with --topk > 0 stop before
-    training with one line naming the option, unless --allow-topk-negatives."""
+    training with one line naming the option, unless --residual-allow-topk-negatives."""
     stored = torch.load(os.path.join(negatives, "valid.negatives.pt"), weights_only=True)
     stored["topk"] = 5
     torch.save(stored, tmp_path / "valid.negatives.pt")
-    task, _ = setup(toy_lm_bin, "--base-lm", base_lm, "--negatives-dir", str(tmp_path))
-    with pytest.raises(ConfigError, match="sampled with --topk 5.*--allow-topk-negatives"):
+    task, _ = setup(toy_lm_bin, "--residual-base-lm", base_lm, "--residual-negatives-dir", str(tmp_path))
+    with pytest.raises(ConfigError, match="sampled with --topk 5.*--residual-allow-topk-negatives"):
         task.load_dataset("valid")
-    task, _ = setup(toy_lm_bin, "--base-lm", base_lm, "--negatives-dir", str(tmp_path), "--allow-topk-negatives")
+    task, _ = setup(toy_lm_bin, "--residual-base-lm", base_lm, "--residual-negatives-dir", str(tmp_path),
+                    "--residual-allow-topk-negatives")
     task.load_dataset("valid")
     assert "negatives" in task.dataset("valid")[0]
 
@@ -337,7 +342,7 @@ def test_log_z_estimates_from_the_base_lm_match_the_enumerated_log_z(toy_lm_bin,
     from fairseq_ext.core.residual import log_z_estimates
     from fairseq_ext.generators.joint_sampler import JointSampler
 
-    task, _ = setup(toy_lm_bin, "--base-lm", base_lm)
+    task, _ = setup(toy_lm_bin, "--residual-base-lm", base_lm)
     lm = task.base_lm
     V = len(task.dictionary)
     task.load_dataset("valid")

@@ -77,7 +77,7 @@ def test_malformed_data_directories_are_named(tmp_path, toy_bin):
     empty.mkdir()
     proc = subprocess.run(["fairseq-train", str(empty), "--user-dir", "fairseq_ext", "--task", "sequence_tagging",
                            "--arch", "tagging_lstm_tiny", "--criterion", "soft_beam_direct_loss", "--batch-size", "4",
-                           "--cache-dir", str(tmp_path / "cache"), "--save-dir", str(tmp_path / "ck")],
+                           "--tagging-cache-dir", str(tmp_path / "cache"), "--save-dir", str(tmp_path / "ck")],
                           cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and f"no train.txt in data directory '{empty}'" in proc.stderr, proc.stderr[-2000:]
     (empty / "train.txt").write_text("EU B-ORG\nrejects\n")

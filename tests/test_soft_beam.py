@@ -184,7 +184,8 @@ def test_alpha_schedules_equal_their_formulas():
 @pytest.fixture(scope="module")
 def tagger(conll, cache):
     """A tagging_lstm_tiny trained a little with CE (so its decisions are not ties)."""
-    task, model, _ = tiny_models.build_task_and_model(conll, "sequence_tagging", "tagging_lstm", ["--cache-dir", cache])
+    task, model, _ = tiny_models.build_task_and_model(conll, "sequence_tagging", "tagging_lstm",
+                                                      ["--tagging-cache-dir", cache])
     task.load_dataset("train")
     ds = task.dataset("train")
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -596,13 +597,13 @@ def test_fairseq_generate_translation_search(toy_bin, tmp_path):
     base = ["fairseq-generate", toy_bin, *user, "--task", "translation_search", "--path",
             str(tmp_path / "ck" / "checkpoint_last.pt"), "--gen-subset", "valid", "--batch-size", "16"]
     outs, hyps = {}, {}
-    for name, extra in (("fairseq1", ["--beam", "1"]), ("hard1", ["--beam", "1", "--translation-search", "hard"]),
+    for name, extra in (("fairseq1", ["--beam", "1"]), ("hard1", ["--beam", "1", "--search-algorithm", "hard"]),
                         ("fairseq3", ["--beam", "3", "--unnormalized"]),
-                        ("hard3", ["--beam", "3", "--translation-search", "hard"]),
-                        ("soft3", ["--beam", "3", "--translation-search", "soft", "--search-alpha", "1e9"]),
-                        ("global1", ["--beam", "1", "--translation-search", "hard", "--search-normalization",
+                        ("hard3", ["--beam", "3", "--search-algorithm", "hard"]),
+                        ("soft3", ["--beam", "3", "--search-algorithm", "soft", "--search-alpha", "1e9"]),
+                        ("global1", ["--beam", "1", "--search-algorithm", "hard", "--search-normalization",
                                      "global"]),
-                        ("global3", ["--beam", "3", "--translation-search", "hard", "--search-normalization",
+                        ("global3", ["--beam", "3", "--search-algorithm", "hard", "--search-normalization",
                                      "global", "--max-len-b", "20"])):
         outs[name] = run_cli(base + extra).stdout
         hyps[name] = {l.split("\t")[0]: l.split("\t")[2] for l in outs[name].splitlines() if l.startswith("H-")}
@@ -618,11 +619,11 @@ def test_fairseq_generate_translation_search(toy_bin, tmp_path):
                       if l.startswith("P-")}
         assert scores.keys() == positional.keys()
         assert all(abs(scores[i] - positional[i]) < 1e-2 * max(1.0, abs(scores[i])) for i in scores)
-    assert_shards_make_one_run(base + ["--beam", "3", "--translation-search", "soft", "--search-alpha", "1"])
+    assert_shards_make_one_run(base + ["--beam", "3", "--search-algorithm", "soft", "--search-alpha", "1"])
     with pytest.raises(AssertionError, match="--search-alpha must be > 0"):
-        run_cli(base + ["--translation-search", "soft", "--search-alpha", "0"])
-    with pytest.raises(AssertionError, match="--sampling needs --translation-search fairseq"):
-        run_cli(base + ["--translation-search", "hard", "--sampling", "--beam", "1"])
+        run_cli(base + ["--search-algorithm", "soft", "--search-alpha", "0"])
+    with pytest.raises(AssertionError, match="--sampling needs --search-algorithm fairseq"):
+        run_cli(base + ["--search-algorithm", "hard", "--sampling", "--beam", "1"])
 
 
 # ----------------------------------------------------------------- through fairseq-train
@@ -637,8 +638,8 @@ SB = ["--soft-beam-alpha", "1", "--soft-beam-alpha-schedule", "exponential", "--
     ("soft_beam_hinge", "transformer"), ("soft_beam_hinge", "tagging_lstm")])
 def test_fairseq_train_runs(criterion, arch, toy_bin, conll, cache, tmp_path):
     if arch == "tagging_lstm":
-        data = [conll, "--task", "sequence_tagging", "--cache-dir", cache, "--arch", "tagging_lstm_tiny",
-                "--batch-size", "16", "--hamming-weights", "O=2.0"]
+        data = [conll, "--task", "sequence_tagging", "--tagging-cache-dir", cache, "--arch", "tagging_lstm_tiny",
+                "--batch-size", "16", "--soft-beam-hamming-weights", "O=2.0"]
     else:
         data = [toy_bin, "--task", "translation"] + tiny_models.TINY_ARCHS[arch] + ["--max-tokens", "300"]
     proc = run_cli(["fairseq-train", *data, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--criterion", criterion,
@@ -652,27 +653,28 @@ def test_fairseq_train_runs(criterion, arch, toy_bin, conll, cache, tmp_path):
 
 
 def test_decoding_defaults_to_the_checkpoints_normalization(toy_bin, tmp_path):
-    """A model trained with --normalization global decodes with raw scores by
+    """A model trained with --soft-beam-normalization global decodes with raw scores by
     default: the printed scores equal those of --search-normalization global (the
     sums of raw logits), not those of local (log-probabilities); asking for local
     warns, as does fairseq's own (renormalising) search."""
     user = ["--user-dir", os.path.join(REPO, "fairseq_ext")]
     run_cli(["fairseq-train", toy_bin, *user, "--task", "translation", *tiny_models.TINY_ARCHS["transformer"],
-             "--criterion", "soft_beam_direct_loss", "--normalization", "global", "--optimizer", "adam", "--lr", "0.01",
-             "--max-tokens", "300", "--max-update", "2", "--num-workers", "0", "--save-dir", str(tmp_path / "ck"),
+             "--criterion", "soft_beam_direct_loss", "--soft-beam-normalization", "global", "--optimizer", "adam",
+             "--lr", "0.01", "--max-tokens", "300", "--max-update", "2", "--num-workers", "0",
+             "--save-dir", str(tmp_path / "ck"),
              "--no-epoch-checkpoints", "--disable-validation", "--seed", "1"])
     base = ["fairseq-generate", toy_bin, *user, "--task", "translation_search", "--path",
             str(tmp_path / "ck" / "checkpoint_last.pt"), "--gen-subset", "valid", "--batch-size", "16", "--beam", "3"]
     runs = {name: run_cli(base + extra) for name, extra in (
-        ("default", ["--translation-search", "hard"]),
-        ("global", ["--translation-search", "hard", "--search-normalization", "global"]),
-        ("local", ["--translation-search", "hard", "--search-normalization", "local"]),
+        ("default", ["--search-algorithm", "hard"]),
+        ("global", ["--search-algorithm", "hard", "--search-normalization", "global"]),
+        ("local", ["--search-algorithm", "hard", "--search-normalization", "local"]),
         ("fairseq", []))}
     scores = {name: [l.split("\t")[1] for l in proc.stdout.splitlines() if l.startswith("H-")]
               for name, proc in runs.items()}
     assert len(scores["default"]) == 40
     assert scores["default"] == scores["global"] and scores["default"] != scores["local"]
-    assert "trained with --normalization global" in runs["local"].stderr + runs["local"].stdout
+    assert "trained with --soft-beam-normalization global" in runs["local"].stderr + runs["local"].stdout
     assert "renormalises" in runs["fairseq"].stderr + runs["fairseq"].stdout
     assert "trained with" not in runs["default"].stderr + runs["default"].stdout
 
@@ -690,11 +692,11 @@ def test_bad_length_options_are_refused(translators):
 
 
 def test_bad_hamming_weights_are_refused(conll, cache, tmp_path):
-    with pytest.raises(AssertionError, match="--hamming-weights"):
+    with pytest.raises(AssertionError, match="--soft-beam-hamming-weights"):
         run_cli(["fairseq-train", conll, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--task",
-                 "sequence_tagging", "--cache-dir", cache, "--arch", "tagging_lstm_tiny", "--criterion",
-                 "soft_beam_direct_loss", "--hamming-weights", "NOPE=2", "--optimizer", "adam", "--lr", "0.01",
-                 "--max-update", "1", "--save-dir", str(tmp_path / "ck")])
+                 "sequence_tagging", "--tagging-cache-dir", cache, "--arch", "tagging_lstm_tiny", "--criterion",
+                 "soft_beam_direct_loss", "--soft-beam-hamming-weights", "NOPE=2", "--optimizer", "adam",
+                 "--lr", "0.01", "--max-update", "1", "--save-dir", str(tmp_path / "ck")])
 
 
 # ----------------------------------------------------------------- self-normalisation
@@ -731,28 +733,30 @@ def test_self_normalized_ce_drives_log_z_to_zero(toy_bin, tmp_path):
 
 
 def test_fairseq_generate_with_hard_and_soft_beam_search(conll, cache, tmp_path):
-    """--tagging-search hard (raw-score ranking) and soft (alpha -> inf) return
+    """--search-algorithm hard (raw-score ranking) and soft (alpha -> inf) return
     fairseq's beam-search hypotheses on a trained tagger (forced length: equal
     lengths, so fairseq's length normalisation does not reorder them); at beam 1
     the global (raw-logit) search is fairseq's greedy search; a small alpha runs
     too."""
-    task_args = ["--user-dir", os.path.join(REPO, "fairseq_ext"), "--task", "sequence_tagging", "--cache-dir", cache]
+    task_args = ["--user-dir", os.path.join(REPO, "fairseq_ext"), "--task", "sequence_tagging", "--tagging-cache-dir",
+                 cache]
     run_cli(["fairseq-train", conll, *task_args, "--arch", "tagging_lstm_tiny", "--criterion", "cross_entropy",
              "--optimizer", "adam", "--lr", "0.01", "--batch-size", "16", "--max-update", "120", "--num-workers", "0",
              "--save-dir", str(tmp_path / "ck"), "--no-epoch-checkpoints", "--disable-validation", "--seed", "1"])
     hyps = {}
-    for name, extra in (("fairseq", []), ("hard", ["--tagging-search", "hard"]),
-                        ("soft", ["--tagging-search", "soft", "--search-alpha", "1e9"]),
-                        ("soft_a1", ["--tagging-search", "soft", "--search-alpha", "1"]),
+    for name, extra in (("fairseq", []), ("hard", ["--search-algorithm", "hard"]),
+                        ("soft", ["--search-algorithm", "soft", "--search-alpha", "1e9"]),
+                        ("soft_a1", ["--search-algorithm", "soft", "--search-alpha", "1"]),
                         ("fairseq1", ["--beam", "1"]),
-                        ("global1", ["--tagging-search", "hard", "--search-normalization", "global", "--beam", "1"])):
+                        ("global1", ["--search-algorithm", "hard", "--search-normalization", "global", "--beam", "1"])):
         out = run_cli(["fairseq-generate", conll, *task_args, "--path", str(tmp_path / "ck" / "checkpoint_last.pt"),
                        "--gen-subset", "test", "--beam", "3", "--batch-size", "8", *extra]).stdout
         hyps[name] = {l.split("\t")[0]: l.split("\t")[2] for l in out.splitlines() if l.startswith("H-")}
     assert len(hyps["fairseq"]) == 31
     sharded = assert_shards_make_one_run(
         ["fairseq-generate", conll, *task_args, "--path", str(tmp_path / "ck" / "checkpoint_last.pt"),
-         "--gen-subset", "test", "--beam", "3", "--batch-size", "8", "--tagging-search", "soft", "--search-alpha", "1"])
+         "--gen-subset", "test", "--beam", "3", "--batch-size", "8", "--search-algorithm", "soft",
+         "--search-alpha", "1"])
     assert {f"H-{i}": h[0].split("\t")[1] for i, h in sharded.items()} == hyps["soft_a1"]
     assert hyps["hard"] == hyps["fairseq"] and hyps["soft"] == hyps["fairseq"]
     assert hyps["soft_a1"].keys() == hyps["fairseq"].keys()

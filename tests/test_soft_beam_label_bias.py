@@ -60,7 +60,7 @@ def test_global_soft_beam_beats_local_on_future_labels(tmp_path):
     (same options, same budget), both decoded with the hard beam under their own
     normalisation. Global must beat local by MARGIN points on the future-dependent
     positions (measured: 100.0 vs 51.7 on 443 positions). Checked to fail: with the
-    global run's --normalization set to local in the driver, 51.7 vs 51.7."""
+    global run's --soft-beam-normalization set to local in the driver, 51.7 vs 51.7."""
     work = str(tmp_path)
     run_cli(["python", os.path.join(REPO, "examples", "soft_beam", "label_bias.py"), work, "--seeds", "1",
              "--encoders", "uni", "--only", "local", "global_ce", "--decodes", "beam", "--train", "1000",

@@ -24,7 +24,7 @@ def build(data, cache_dir, *extra, arch="tagging_lstm_tiny", seed=1):
     args = options.parse_args_and_arch(
         options.get_training_parser(),
         [data, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--task", "sequence_tagging",
-         "--cache-dir", cache_dir, "--arch", arch, "--seed", str(seed)] + list(extra),
+         "--tagging-cache-dir", cache_dir, "--arch", arch, "--seed", str(seed)] + list(extra),
     )
     task = tasks.setup_task(args)
     model = task.build_model(args)
@@ -93,7 +93,7 @@ def test_conlleval_f1_hand_checked(tmp_path):
 
 def test_task_reads_conll(conll, cache):
     before = sorted(os.listdir(conll))
-    task, _ = build(conll, cache, "--lowercase", "--normalize-digits")
+    task, _ = build(conll, cache, "--tagging-lowercase", "--tagging-normalize-digits")
     raw = [s for s in open(os.path.join(conll, "dev.txt")).read().split("\n\n") if s.strip()]
     raw = [s for s in raw if not s.startswith("-DOCSTART-")]
     task.load_dataset("valid")  # fairseq's valid split is dev.txt
@@ -113,7 +113,7 @@ def test_task_reads_conll(conll, cache):
     labels = task.target_dictionary.symbols[task.target_dictionary.nspecial:]
     assert labels == ["B-LOC", "B-ORG", "B-PER", "I-ORG", "I-PER", "O"]
 
-    pos_task, _ = build(conll, cache, "--tag-column", "pos")
+    pos_task, _ = build(conll, cache, "--tagging-column", "pos")
     assert "NNP" in pos_task.target_dictionary.indices and "B-PER" not in pos_task.target_dictionary.indices
     pos_task.load_dataset("test")
     s = pos_task.dataset("test")
@@ -122,7 +122,7 @@ def test_task_reads_conll(conll, cache):
 
 # --------------------------------------------------------------------- model
 
-@pytest.mark.parametrize("extra", [[], ["--unidirectional"]])
+@pytest.mark.parametrize("extra", [[], ["--encoder-unidirectional"]])
 def test_incremental_equals_teacher_forced(conll, cache, extra):
     """Step-by-step decoding with the gold labels as inputs (and a batch reorder
     half-way, as beam search does) gives the teacher-forced scores; so does a
@@ -227,7 +227,7 @@ def test_beam_wider_than_label_set_is_refused(conll, cache):
 
 def test_without_forced_length_lengths_differ(conll, cache):
     """The same check fails for a model without the mask (EOS pushed up)."""
-    task, model = build(conll, cache, "--no-forced-length")
+    task, model = build(conll, cache, "--decoder-no-forced-length")
     sample = batch(task, n=31)
     handle = _eos_bias_hook(model, 20.0)
     try:
@@ -243,7 +243,7 @@ def test_fixed_attention_uses_state_i(conll, cache):
     only. Either encoder: perturbing encoder state k changes decoder steps >= k only,
     step k included (the decoder reads state t at step t, also for left padding)."""
     pad_src = None
-    for extra in (["--unidirectional"], []):
+    for extra in (["--encoder-unidirectional"], []):
         task, model = build(conll, cache, *extra)
         sample = batch(task)
         net = sample["net_input"]
@@ -293,7 +293,7 @@ TRAIN = ["--user-dir", "fairseq_ext", "--task", "sequence_tagging", "--criterion
 
 def test_cli_train_generate_score(conll, tmp_path):
     cache_dir, save = str(tmp_path / "cache"), str(tmp_path / "ckpt")
-    task_args = ["--tag-column", "ner", "--cache-dir", cache_dir]
+    task_args = ["--tagging-column", "ner", "--tagging-cache-dir", cache_dir]
     run_cli(["fairseq-train", conll, *TRAIN, *task_args, "--arch", "tagging_lstm_tiny", "--batch-size", "16",
              "--max-update", "150", "--save-dir", save, "--disable-validation"], env=ONE_THREAD)
     ckpt = os.path.join(save, "checkpoint_last.pt")
@@ -318,17 +318,17 @@ def test_cli_train_generate_score(conll, tmp_path):
 
 @pytest.mark.parametrize("search", ["greedy", "soft"])
 def test_eval_tagging_logs_the_scorers_f1(conll, tmp_path, search):
-    """--eval-tagging: the validation f1 / tag_acc that fairseq-train logs (and
+    """--tagging-eval: the validation f1 / tag_acc that fairseq-train logs (and
     selects checkpoints on) equal score_tagging.py on fairseq-generate's output for
-    the same checkpoint and split: greedy, or with --eval-tagging-search soft the
-    soft beam (k = 2, alpha 0.3, far from greedy) of --tagging-search soft."""
+    the same checkpoint and split: greedy, or with --tagging-eval-search soft the
+    soft beam (k = 2, alpha 0.3, far from greedy) of --search-algorithm soft."""
     cache_dir, save = str(tmp_path / "cache"), str(tmp_path / "ckpt")
-    task_args = ["--tag-column", "ner", "--cache-dir", cache_dir]
+    task_args = ["--tagging-column", "ner", "--tagging-cache-dir", cache_dir]
     beam = ["--search-alpha", "0.3"]
-    train_search = [] if search == "greedy" else ["--eval-tagging-search", search, "--eval-tagging-beam", "2"] + beam
-    gen_search = ["--beam", "1"] if search == "greedy" else ["--tagging-search", search, "--beam", "2"] + beam
+    train_search = [] if search == "greedy" else ["--tagging-eval-search", search, "--tagging-eval-beam", "2"] + beam
+    gen_search = ["--beam", "1"] if search == "greedy" else ["--search-algorithm", search, "--beam", "2"] + beam
     train = run_cli(["fairseq-train", conll, *TRAIN, *task_args, "--arch", "tagging_lstm_tiny", "--batch-size", "16",
-                     "--max-epoch", "4", "--save-dir", save, "--eval-tagging", "--best-checkpoint-metric", "f1",
+                     "--max-epoch", "4", "--save-dir", save, "--tagging-eval", "--best-checkpoint-metric", "f1",
                      "--maximize-best-checkpoint-metric", "--log-format", "json", "--no-epoch-checkpoints",
                      *train_search], env=ONE_THREAD)
     valid = [json.loads(l[l.index("{"):]) for l in train.stdout.splitlines() if "| valid |" in l]
@@ -349,7 +349,7 @@ def test_real_conll2003_ner(real_data, tmp_path):
     core), greedy on the test set: F1 (measured 51) well above the all-O tagger (0)."""
     data = os.path.join(real_data, "conll2003")
     cache_dir, save = str(tmp_path / "cache"), str(tmp_path / "ckpt")
-    task_args = ["--tag-column", "ner", "--cache-dir", cache_dir, "--max-train-sentences", "2000"]
+    task_args = ["--tagging-column", "ner", "--tagging-cache-dir", cache_dir, "--tagging-max-train-sentences", "2000"]
     run_cli(["fairseq-train", data, *TRAIN, *task_args, "--arch", "tagging_lstm_ner", "--max-tokens", "1000",
              "--max-update", "300", "--save-dir", save, "--disable-validation"], env=ONE_THREAD)
     gen = run_cli(["fairseq-generate", data, "--user-dir", "fairseq_ext", "--task", "sequence_tagging",

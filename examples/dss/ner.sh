@@ -5,7 +5,7 @@
 # Every run: the thesis's NER model (tagging_lstm_ner), trained from scratch with
 # teacher forcing in epoch 1, then eps = k / (k + exp(t / k)) per epoch (t = epochs
 # after the first), until greedy dev F1 has not improved for PATIENCE epochs (at most
-# MAX_EPOCH); the checkpoint with the best greedy dev F1 (--eval-tagging) is decoded
+# MAX_EPOCH); the checkpoint with the best greedy dev F1 (--tagging-eval) is decoded
 # greedily on dev and test and scored with conlleval semantics.
 #
 # Stages: examples/lib.sh's dss_protocol (tune: the first seed of every system x
@@ -38,7 +38,7 @@ PYTHON=${PYTHON:-python}
 export OMP_NUM_THREADS=1
 D=$FAIRSEQ_EXT_DATA/conll2003
 mkdir -p "$WORK"
-TASK=(--user-dir fairseq_ext --task sequence_tagging --tag-column ner --cache-dir "$WORK/cache")
+TASK=(--user-dir fairseq_ext --task sequence_tagging --tagging-column ner --tagging-cache-dir "$WORK/cache")
 ONLY=${ONLY:-$DSS_SYSTEMS}
 
 # binarize once, before the parallel runs share the cache
@@ -53,7 +53,7 @@ run() {  # SYSTEM CONFIG SEED
     # shellcheck disable=SC2046
     finished "$dir.train.log" || fairseq-train "$D" "${TASK[@]}" --arch tagging_lstm_ner $(dss_criterion "$1" "$2") \
       --optimizer adam --lr 0.005 --max-tokens 1000 --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" \
-      --save-dir "$dir" --no-epoch-checkpoints --num-workers 0 --seed "$3" --eval-tagging \
+      --save-dir "$dir" --no-epoch-checkpoints --num-workers 0 --seed "$3" --tagging-eval \
       --best-checkpoint-metric f1 --maximize-best-checkpoint-metric --log-format simple >> "$dir.train.log" 2>&1
     for split in valid test; do
       fairseq-generate "$D" "${TASK[@]}" --path "$dir/checkpoint_best.pt" --gen-subset $split --beam 1 \

@@ -45,7 +45,7 @@ SAVE_EVERY=${SAVE_EVERY:-25}
 RUNS=${RUNS:-mle_cont mgs_lm mgs_lm_zero mgs_lm_mle mgs_edit}
 PYTHON=${PYTHON:-python}
 MAX_LEN=40
-TASK=(--task text_completion --context-size 3)
+TASK=(--task text_completion --completion-context-size 3)
 log() { echo "==> $(date +%H:%M:%S) $*"; }
 updates_done() {  # LOG: the updates a fairseq-train JSON log has reached (0: none)
   local n

@@ -38,7 +38,7 @@ rm -rf "$WORK/bin"
 fairseq-preprocess --only-source --workers 1 --trainpref "$WORK/raw/train.txt" --validpref "$WORK/raw/valid.txt" \
   --testpref "$WORK/raw/test.txt" --destdir "$WORK/bin" > "$WORK/preprocess.log" 2>&1
 
-TASK=(--task text_completion --context-size 3)
+TASK=(--task text_completion --completion-context-size 3)
 MODEL=(--arch transformer_lm --decoder-layers 2 --decoder-embed-dim 64 --decoder-ffn-embed-dim 128
   --decoder-attention-heads 4 --share-decoder-input-output-embed --dropout 0.1 --seed "$SEED" --num-workers 0
   --no-epoch-checkpoints --log-format simple)

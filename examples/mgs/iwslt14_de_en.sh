@@ -131,7 +131,7 @@ if stage soft_beam; then
   train soft_beam "$DATA" "${LSTM[@]}" --finetune-from-model "$WORK/lstm_ce/checkpoint_best.pt" \
     --criterion soft_beam_direct_loss --soft-beam-size 3 --soft-beam-alpha 1 \
     --soft-beam-alpha-schedule exponential --soft-beam-alpha-final 100 --soft-beam-alpha-updates 4000 \
-    --normalization local --max-epoch "$FT_EPOCHS" ${EXTRA_LSTM:-}
+    --soft-beam-normalization local --max-epoch "$FT_EPOCHS" ${EXTRA_LSTM:-}
   stage_done soft_beam
 fi
 

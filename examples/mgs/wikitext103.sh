@@ -52,7 +52,7 @@ EVAL_PREFIXES=${EVAL_PREFIXES:-0}
 RAW=$WORK/raw
 DATA=$WORK/data/bin
 LM=${LM:-$WORK/lm/checkpoint_best.pt}
-TASK=(--task text_completion --context-size 10 --skip-invalid-size-inputs-valid-test)
+TASK=(--task text_completion --completion-context-size 10 --skip-invalid-size-inputs-valid-test)
 GPT=(--arch transformer_lm_gpt --share-decoder-input-output-embed --optimizer adam --adam-betas '(0.9, 0.999)'
   --clip-norm 1.0)
 
@@ -123,8 +123,8 @@ fi
 
 # Residual EBM (Deng et al., section 4.1): prefix 120, continuation 40 tokens
 EBM_DATA=$WORK/ebm_data/bin
-T=(--user-dir fairseq_ext --task residual_lm --base-lm "$WORK/ebm_lm/checkpoint_best.pt" --prefix-len "$PREFIX"
-  --continuation-len "$CONT" --negatives-dir "$WORK/negatives" --num-negatives "$NUM_NEG")
+T=(--user-dir fairseq_ext --task residual_lm --residual-base-lm "$WORK/ebm_lm/checkpoint_best.pt" --residual-prefix-len "$PREFIX"
+  --residual-continuation-len "$CONT" --residual-negatives-dir "$WORK/negatives" --residual-num-negatives "$NUM_NEG")
 if stage ebm_data; then
   run "$PYTHON" scripts/prepare/prepare_wikitext_completion.py "$RAW" "$WORK/ebm_data" --context-size 1 --vocab-size "$VOCAB" \
     --workers "$WORKERS"
@@ -165,7 +165,7 @@ if stage ebm_eval; then
       --path "$WORK/ebm_$v/checkpoint_best.pt" --gen-subset test --num-samples "$EVAL_SAMPLES" --batch-size 8 \
       --max-prefixes "$EVAL_PREFIXES" --seed 1 --json "$WORK/gen/ebm_$v.json"
     run_log "$WORK/gen/ebm_$v.samples" fairseq-generate "$EBM_DATA" "${T[@]}" "${GEN_DEVICE[@]}" \
-      --path "$WORK/ebm_$v/checkpoint_best.pt" --gen-subset valid --joint-samples 16 --joint-topk 10 --nbest 1 \
+      --path "$WORK/ebm_$v/checkpoint_best.pt" --gen-subset valid --residual-joint-samples 16 --residual-joint-topk 10 --nbest 1 \
       --batch-size 8 --seed 1
   done
   [ "$DRY_RUN" = 1 ] || tail -n 3 "$WORK"/gen/ebm_*.eval

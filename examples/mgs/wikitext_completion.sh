@@ -33,7 +33,7 @@ log() { echo "==> $*"; }
 
 [ -d "$WORK/data/bin" ] || "$PYTHON" scripts/prepare/prepare_wikitext_completion.py "$FAIRSEQ_EXT_DATA/wikitext-2" "$WORK/data" \
   --vocab-size 10000 --max-tokens-per-line 300
-TASK=(--task text_completion --context-size 10)
+TASK=(--task text_completion --completion-context-size 10)
 MODEL=(--arch transformer_lm --decoder-layers 2 --decoder-embed-dim 128 --decoder-ffn-embed-dim 512
   --decoder-attention-heads 4 --share-decoder-input-output-embed --dropout 0.1 --seed 1 --num-workers 0
   --no-epoch-checkpoints --log-format simple)

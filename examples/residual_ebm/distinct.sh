@@ -45,8 +45,8 @@ fi
 for seed in $SEEDS; do
   S="$WORK/s$seed"
   mkdir -p "$S"
-  T=(--user-dir fairseq_ext --task residual_lm --base-lm "$S/lm/checkpoint_last.pt" --prefix-len "$P"
-     --continuation-len "$L" --seed "$seed")
+  T=(--user-dir fairseq_ext --task residual_lm --residual-base-lm "$S/lm/checkpoint_last.pt" --residual-prefix-len "$P"
+     --residual-continuation-len "$L" --seed "$seed")
   if ! finished "$S/lm.log"; then
     log "seed $seed: base LM, $LM_UPDATES updates (1 layer, 16 units: deliberately weak)"
     fairseq-train "$WORK/bin" --user-dir fairseq_ext --task language_modeling --arch transformer_lm \
@@ -62,7 +62,7 @@ for seed in $SEEDS; do
   fi
   if ! finished "$S/ebm.log"; then
     log "seed $seed: BiT energy, NCE with $NUM_NEG of the $NEG negatives per positive, until valid loss stops improving"
-    fairseq-train "$WORK/bin" "${T[@]}" --negatives-dir "$S/neg" --num-negatives "$NUM_NEG" --arch residual_energy \
+    fairseq-train "$WORK/bin" "${T[@]}" --residual-negatives-dir "$S/neg" --residual-num-negatives "$NUM_NEG" --arch residual_energy \
       --energy-variant bit --encoder-layers 2 --encoder-embed-dim 32 --encoder-ffn-embed-dim 64 \
       --encoder-attention-heads 4 --dropout 0.1 --criterion residual_nce --optimizer adam --lr "$EBM_LR" \
       --batch-size "$BATCH" --max-epoch "$EBM_EPOCHS" --patience "$PATIENCE" --save-dir "$S/ebm" --no-epoch-checkpoints \
@@ -71,7 +71,7 @@ for seed in $SEEDS; do
   if [ ! -s "$S/eval.json" ]; then
     log "seed $seed: evaluation (log Z from $EVAL_SAMPLES samples per prefix, joint samples from $JOINT)"
     "$PYTHON" scripts/score/eval_residual.py "$WORK/bin" "${T[@]}" --path "$S/ebm/checkpoint_best.pt" --gen-subset test \
-      --num-samples "$EVAL_SAMPLES" --range-ns 4,16,"$EVAL_SAMPLES" --joint-samples "$JOINT" \
+      --num-samples "$EVAL_SAMPLES" --range-ns 4,16,"$EVAL_SAMPLES" --residual-joint-samples "$JOINT" \
       --samples-out "$S/samples.jsonl" --json "$S/eval.json" > "$S/eval.log" 2>&1
   fi
 done

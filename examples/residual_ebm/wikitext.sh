@@ -69,8 +69,8 @@ if ! finished "$WORK/lm.log"; then
     --max-epoch "$LM_EPOCHS" --patience "$LM_PATIENCE" --save-dir "$WORK/lm" --no-epoch-checkpoints \
     --log-format simple --seed 1 --num-workers 0 >> "$WORK/lm.log" 2>&1
 fi
-T=(--user-dir fairseq_ext --task residual_lm --base-lm "$WORK/lm/checkpoint_best.pt" --prefix-len "$PREFIX"
-   --continuation-len "$CONT" --negatives-dir "$WORK/negatives")
+T=(--user-dir fairseq_ext --task residual_lm --residual-base-lm "$WORK/lm/checkpoint_best.pt" --residual-prefix-len "$PREFIX"
+   --residual-continuation-len "$CONT" --residual-negatives-dir "$WORK/negatives")
 
 if [ ! -s "$WORK/negatives/valid.negatives.pt" ]; then
   log "negatives: $NEG per prefix (untruncated)"
@@ -85,7 +85,7 @@ for seed in $SEEDS; do
       log "energy $variant seed $seed: NCE, $NUM_NEG of $NEG negatives per positive, until valid accuracy stops improving"
       fairseq-train "$DATA" "${T[@]}" --arch residual_energy --energy-variant "$variant" --encoder-layers 2 \
         --encoder-embed-dim 128 --encoder-ffn-embed-dim 512 --encoder-attention-heads 4 \
-        --criterion residual_nce --num-negatives "$NUM_NEG" --optimizer adam --lr "$EBM_LR" --lr-scheduler inverse_sqrt \
+        --criterion residual_nce --residual-num-negatives "$NUM_NEG" --optimizer adam --lr "$EBM_LR" --lr-scheduler inverse_sqrt \
         --warmup-updates 100 --batch-size 32 --max-epoch "$EBM_EPOCHS" --patience "$EBM_PATIENCE" \
         --best-checkpoint-metric acc --maximize-best-checkpoint-metric --save-dir "$run" \
         --no-epoch-checkpoints --log-format json --log-interval 50 --seed "$seed" --num-workers 0 >> "$run.log" 2>&1
@@ -96,7 +96,7 @@ for seed in $SEEDS; do
       log "evaluate $variant seed $seed, joint top-k $k: $EVAL_PREFIXES test prefixes, n = $EVAL_SAMPLES"
       "$PYTHON" scripts/score/eval_residual.py "$DATA" "${T[@]}" --path "$run/checkpoint_best.pt" \
         --gen-subset test --num-samples "$EVAL_SAMPLES" --max-prefixes "$EVAL_PREFIXES" --batch-size 16 --seed 1 \
-        --range-ns "$EVAL_NS" --joint-samples "$EVAL_SAMPLES" --joint-topk "$k" \
+        --range-ns "$EVAL_NS" --residual-joint-samples "$EVAL_SAMPLES" --residual-joint-topk "$k" \
         --samples-out "$out.samples.jsonl" --json "$out.json.tmp" \
         $("$PYTHON" -c 'import matplotlib' 2>/dev/null && echo --png "$out") \
         2> "$out.err" > "$out.txt"
@@ -111,6 +111,6 @@ read -r seed _ <<< "$SEEDS"
 read -r variant _ <<< "$VARIANTS"
 log "joint samples ($variant seed $seed, n = 16, top-k 10) of the valid prefixes"
 fairseq-generate "$DATA" "${T[@]}" --path "$WORK/$variant.s$seed/checkpoint_best.pt" --gen-subset valid \
-  --num-negatives "$NUM_NEG" --joint-samples 16 --joint-topk 10 --nbest 1 --batch-size 8 --seed 1 \
+  --residual-num-negatives "$NUM_NEG" --residual-joint-samples 16 --residual-joint-topk 10 --nbest 1 --batch-size 8 --seed 1 \
   2> "$WORK/generate.err" | grep -E "^(S|T|H)-" | head -24 > "$WORK/generate.txt" || true
 log "done: $WORK"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Label bias, where global normalisation must win: the synthetic task of
 ``fairseq_ext/synthetic/label_bias.py`` (the label of an F word is the colour of the next
-word), encoder {left-to-right (``--unidirectional``), bidirectional} x training x
+word), encoder {left-to-right (``--encoder-unidirectional``), bidirectional} x training x
 decoding {greedy, beam}; accuracy on the future-dependent positions and overall,
 mean +- std over seeds (docs/soft_beam.md, "Label bias").
 
@@ -12,9 +12,9 @@ sentences, the last checkpoint of every run: no checkpoint selection):
   sn          self_normalized_ce (lambda 0.1), same budget (the self-normalised init)
   ce_ft       ce + FT_EPOCHS more epochs of cross-entropy at lr 0.005: the control,
               with the fine-tunings' update budget
-  local       ce + soft_beam_direct_loss, --normalization local
-  global_ce   ce + soft_beam_direct_loss, --normalization global
-  global_sn   sn + soft_beam_direct_loss, --normalization global
+  local       ce + soft_beam_direct_loss, --soft-beam-normalization local
+  global_ce   ce + soft_beam_direct_loss, --soft-beam-normalization global
+  global_sn   sn + soft_beam_direct_loss, --soft-beam-normalization global
   hinge_local, hinge_global   ce + soft_beam_hinge, local / global scores
 
 Fine-tunings: FT_EPOCHS epochs at lr 0.005, fresh optimizer, k = 3, alpha 1 ->
@@ -50,19 +50,19 @@ RUNS = {
     "ce": (None, ["--criterion", "cross_entropy"]),
     "sn": (None, ["--criterion", "self_normalized_ce", "--self-norm-lambda", "0.1"]),
     "ce_ft": ("ce", ["--criterion", "cross_entropy"]),
-    "local": ("ce", ["--criterion", "soft_beam_direct_loss", *SB, "--normalization", "local"]),
-    "global_ce": ("ce", ["--criterion", "soft_beam_direct_loss", *SB, "--normalization", "global"]),
-    "global_sn": ("sn", ["--criterion", "soft_beam_direct_loss", *SB, "--normalization", "global"]),
-    "hinge_local": ("ce", ["--criterion", "soft_beam_hinge", *SB, "--normalization", "local"]),
-    "hinge_global": ("ce", ["--criterion", "soft_beam_hinge", *SB, "--normalization", "global"]),
+    "local": ("ce", ["--criterion", "soft_beam_direct_loss", *SB, "--soft-beam-normalization", "local"]),
+    "global_ce": ("ce", ["--criterion", "soft_beam_direct_loss", *SB, "--soft-beam-normalization", "global"]),
+    "global_sn": ("sn", ["--criterion", "soft_beam_direct_loss", *SB, "--soft-beam-normalization", "global"]),
+    "hinge_local": ("ce", ["--criterion", "soft_beam_hinge", *SB, "--soft-beam-normalization", "local"]),
+    "hinge_global": ("ce", ["--criterion", "soft_beam_hinge", *SB, "--soft-beam-normalization", "global"]),
 }
 DECODES = {
     "greedy": ["--beam", "1"],
-    "beam": ["--beam", "3", "--tagging-search", "hard"],
-    "beam_raw": ["--beam", "3", "--tagging-search", "hard", "--search-normalization", "global"],
+    "beam": ["--beam", "3", "--search-algorithm", "hard"],
+    "beam_raw": ["--beam", "3", "--search-algorithm", "hard", "--search-normalization", "global"],
 }
 RAW_DECODED = ("ce", "sn", "ce_ft")
-ENCODERS = {"uni": ["--unidirectional"], "bi": []}
+ENCODERS = {"uni": ["--encoder-unidirectional"], "bi": []}
 
 
 def tool(name):
@@ -79,7 +79,7 @@ def run(cmd, log):
 
 def task_args(work):
     return [os.path.join(work, "data"), "--user-dir", "fairseq_ext", "--task", "sequence_tagging",
-            "--cache-dir", os.path.join(work, "cache")]
+            "--tagging-cache-dir", os.path.join(work, "cache")]
 
 
 def train(work, enc, name, seed, a):

@@ -30,10 +30,10 @@
 # then held.
 # Decoding (task translation_search, dev = val and test2016, --max-len-a 1.2
 # --max-len-b 10, --post-process sentencepiece): every model greedy (--beam 1,
-# fairseq's search) and with our hard beam k = 3 (--translation-search hard;
+# fairseq's search) and with our hard beam k = 3 (--search-algorithm hard;
 # local scores for the pre-trained models and ce_ft, the run's own normalisation
 # otherwise); the fine-tuned models also with the soft beam k = 3
-# (--translation-search soft, alpha = ALPHA_FINAL, the run's normalisation).
+# (--search-algorithm soft, alpha = ALPHA_FINAL, the run's normalisation).
 # BLEU: scripts/score/score.py (sacreBLEU corpus BLEU, 13a, on the detokenized D- lines).
 # Also: log Z mean / variance of ce and sn on train and dev (scripts/inspect/log_z.py).
 #
@@ -93,10 +93,10 @@ declare -A RUNS=(
   [ce]="-|local|--criterion cross_entropy"
   [sn]="-|local|--criterion self_normalized_ce --self-norm-lambda 0.1"
   [ce_ft]="ce|local|--criterion cross_entropy"
-  [ce_local]="ce|local|$SB --normalization local"
-  [ce_global]="ce|global|$SB --normalization global"
-  [sn_local]="sn|local|$SB --normalization local"
-  [sn_global]="sn|global|$SB --normalization global"
+  [ce_local]="ce|local|$SB --soft-beam-normalization local"
+  [ce_global]="ce|global|$SB --soft-beam-normalization global"
+  [sn_local]="sn|local|$SB --soft-beam-normalization local"
+  [sn_global]="sn|global|$SB --soft-beam-normalization global"
 )
 ORDER="ce sn ce_ft ce_local ce_global sn_local sn_global"
 ONLY=${ONLY:-$ORDER}
@@ -115,9 +115,9 @@ decode() {  # dir init normalisation; test first, the hard beam first (what the 
   # with the control needs), so a run interrupted during decoding loses dev numbers, not the table's
   local dir=$1 init=$2 norm=$3 split
   for split in test valid; do
-    gen "$dir" $split hard --beam 3 --translation-search hard --search-normalization "$norm"
+    gen "$dir" $split hard --beam 3 --search-algorithm hard --search-normalization "$norm"
     gen "$dir" $split greedy --beam 1
-    [ "$init" = - ] || gen "$dir" $split soft --beam 3 --translation-search soft --search-normalization "$norm" \
+    [ "$init" = - ] || gen "$dir" $split soft --beam 3 --search-algorithm soft --search-normalization "$norm" \
       --search-alpha "$ALPHA_FINAL"
   done
   touch "$dir/done"
@@ -147,7 +147,7 @@ for name in $ONLY; do
       # --finetune-from-model, first launch: the directory is new); keep the checkpoint with the
       # best dev BLEU under the hard beam (k = 3) with the run's normalisation
       # shellcheck disable=SC2086
-      fairseq-train "$D" "${MODEL[@]}" --task translation_search --translation-search hard \
+      fairseq-train "$D" "${MODEL[@]}" --task translation_search --search-algorithm hard \
         --search-normalization "$norm" $opts --lr "$FT_LR" --max-epoch "$FT_EPOCHS" --patience "$FT_PATIENCE" \
         --validate-interval-updates "$VALID_EVERY" --save-interval-updates "$VALID_EVERY" \
         --keep-interval-updates 1 --eval-bleu --eval-bleu-args '{"beam": 3, "max_len_a": 1.2, "max_len_b": 10}' \

@@ -8,7 +8,7 @@
 # Pre-training (PRE_EPOCHS epochs, lr 0.005): `ce` (cross-entropy; or the
 # checkpoint CE_CKPT, %s = seed) and `sn` (self_normalized_ce, lambda 0.1).
 # Fine-tuning from one of them (FT_EPOCHS epochs, lr FT_LR, fresh optimizer,
-# update counter and epoch count; k = 3; NER only: --hamming-weights O=2.0):
+# update counter and epoch count; k = 3; NER only: --soft-beam-hamming-weights O=2.0):
 #   hinge_annealed, hinge_fixed, dl_fixed, dl_annealed   from ce, local scores
 #   ce_global                                            from ce, global scores
 #   sn_local, sn_global                                  from sn
@@ -17,7 +17,7 @@
 # "annealed": alpha 1 -> ALPHA_FINAL geometrically over ALPHA_UPDATES updates,
 # then held; "fixed": alpha 1. Every run keeps the checkpoint with the best dev
 # F1 (NER) or tag accuracy (POS) under the decoder used at test, SELECT (default
-# the hard beam, k = 3, under the run's normalisation: --eval-tagging-search;
+# the hard beam, k = 3, under the run's normalisation: --tagging-eval-search;
 # "greedy" for greedy decoding), the same rule for the search-aware runs and the
 # ce_ft control; fine-tunes stop early when it has not improved for PATIENCE
 # epochs (at most FT_EPOCHS), pre-training likewise within PRE_EPOCHS. (The thesis,
@@ -39,7 +39,7 @@
 #      CE_CKPT (e.g. /tmp/ner/work/ce.s%s/checkpoint_best.pt; default: train ce),
 #      DECODE_JOBS (1), ONLY (space-separated run names; default all),
 #      TAG_COLUMN (ner | pos), ARCH (tagging_lstm_$TAG_COLUMN),
-#      ENCODER (bi | uni: --unidirectional, the label-bias ablation of section 5.4.2)
+#      ENCODER (bi | uni: --encoder-unidirectional, the label-bias ablation of section 5.4.2)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . examples/lib.sh
@@ -60,26 +60,26 @@ TAG_COLUMN=${TAG_COLUMN:-ner}
 ARCH=${ARCH:-tagging_lstm_$TAG_COLUMN}
 ENCODER=${ENCODER:-bi}
 case "$TAG_COLUMN" in
-  ner) BEST=f1; METRIC="F1 (micro, conlleval)"; HAMMING="--hamming-weights O=2.0" ;;
+  ner) BEST=f1; METRIC="F1 (micro, conlleval)"; HAMMING="--soft-beam-hamming-weights O=2.0" ;;
   pos) BEST=tag_acc; METRIC="token accuracy"; HAMMING="" ;;
   *) echo "TAG_COLUMN must be ner or pos" >&2; exit 2 ;;
 esac
 case "$ENCODER" in
   bi) ENCODER_OPTS=() ;;
-  uni) ENCODER_OPTS=(--unidirectional) ;;
+  uni) ENCODER_OPTS=(--encoder-unidirectional) ;;
   *) echo "ENCODER must be bi or uni" >&2; exit 2 ;;
 esac
 export OMP_NUM_THREADS=1
 D=$FAIRSEQ_EXT_DATA/conll2003
 mkdir -p "$WORK"
-TASK=(--user-dir fairseq_ext --task sequence_tagging --tag-column "$TAG_COLUMN" --cache-dir "$WORK/cache")
+TASK=(--user-dir fairseq_ext --task sequence_tagging --tagging-column "$TAG_COLUMN" --tagging-cache-dir "$WORK/cache")
 case "$SELECT" in
-  hard) SELECT_OPTS=(--eval-tagging-search hard --eval-tagging-beam 3) ;;
+  hard) SELECT_OPTS=(--tagging-eval-search hard --tagging-eval-beam 3) ;;
   greedy) SELECT_OPTS=() ;;
   *) echo "SELECT must be hard or greedy" >&2; exit 2 ;;
 esac
 COMMON=(--arch "$ARCH" "${ENCODER_OPTS[@]}" --optimizer adam --max-tokens 1000 --no-epoch-checkpoints
-  --no-save-optimizer-state --num-workers 0 --eval-tagging "${SELECT_OPTS[@]}" --best-checkpoint-metric "$BEST"
+  --no-save-optimizer-state --num-workers 0 --tagging-eval "${SELECT_OPTS[@]}" --best-checkpoint-metric "$BEST"
   --maximize-best-checkpoint-metric --patience "$PATIENCE" --log-format simple)
 SB="--soft-beam-size 3 $HAMMING"
 FIXED="--soft-beam-alpha 1 --soft-beam-alpha-schedule fixed"
@@ -91,13 +91,13 @@ declare -A RUNS=(
   [ce]="-|local|1|--criterion cross_entropy"
   [ce_ft]="ce|local|1|--criterion cross_entropy"
   [sn]="-|local|1|--criterion self_normalized_ce --self-norm-lambda 0.1"
-  [hinge_annealed]="ce|local|$ALPHA_FINAL|--criterion soft_beam_hinge $SB $ANNEALED --normalization local"
-  [hinge_fixed]="ce|local|1|--criterion soft_beam_hinge $SB $FIXED --normalization local"
-  [dl_fixed]="ce|local|1|--criterion soft_beam_direct_loss $SB $FIXED --normalization local"
-  [dl_annealed]="ce|local|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --normalization local"
-  [ce_global]="ce|global|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --normalization global"
-  [sn_local]="sn|local|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --normalization local"
-  [sn_global]="sn|global|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --normalization global"
+  [hinge_annealed]="ce|local|$ALPHA_FINAL|--criterion soft_beam_hinge $SB $ANNEALED --soft-beam-normalization local"
+  [hinge_fixed]="ce|local|1|--criterion soft_beam_hinge $SB $FIXED --soft-beam-normalization local"
+  [dl_fixed]="ce|local|1|--criterion soft_beam_direct_loss $SB $FIXED --soft-beam-normalization local"
+  [dl_annealed]="ce|local|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --soft-beam-normalization local"
+  [ce_global]="ce|global|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --soft-beam-normalization global"
+  [sn_local]="sn|local|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --soft-beam-normalization local"
+  [sn_global]="sn|global|$ALPHA_FINAL|--criterion soft_beam_direct_loss $SB $ANNEALED --soft-beam-normalization global"
 )
 ORDER="ce ce_ft dl_annealed dl_fixed hinge_annealed hinge_fixed ce_global sn sn_global sn_local"
 ONLY=${ONLY:-$ORDER}
@@ -114,10 +114,10 @@ decode() {  # dir normalisation alpha
     fairseq-generate "$D" "${TASK[@]}" --path "$dir/checkpoint_best.pt" --gen-subset $split --beam 1 \
       --batch-size 256 > "$dir/$split.greedy.gen" 2> "$dir/$split.greedy.gen.log"
     fairseq-generate "$D" "${TASK[@]}" --path "$dir/checkpoint_best.pt" --gen-subset $split --beam 3 \
-      --tagging-search hard --search-normalization "$norm" --batch-size 256 \
+      --search-algorithm hard --search-normalization "$norm" --batch-size 256 \
       > "$dir/$split.hard.gen" 2> "$dir/$split.hard.gen.log"
     fairseq-generate "$D" "${TASK[@]}" --path "$dir/checkpoint_best.pt" --gen-subset $split --beam 3 \
-      --tagging-search soft --search-alpha "$alpha" --search-normalization "$norm" --batch-size 256 \
+      --search-algorithm soft --search-alpha "$alpha" --search-normalization "$norm" --batch-size 256 \
       > "$dir/$split.soft.gen" 2> "$dir/$split.soft.gen.log"
     for mode in greedy hard soft; do
       "$PYTHON" scripts/score/score_tagging.py "$dir/$split.$mode.gen" --json "$dir/$split.$mode.json" > /dev/null

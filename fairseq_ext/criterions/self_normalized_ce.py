@@ -1,7 +1,7 @@
 """``--criterion self_normalized_ce``: cross-entropy plus lambda sum_t (log Z_t)^2
 (Goyal thesis section 5.3.1), which pushes every step's local log-normaliser
 log Z_t = logsumexp(s_t) towards 0, so that the raw scores s_t are (nearly)
-log-probabilities and a globally normalised model (``--normalization global`` of
+log-probabilities and a globally normalised model (``--soft-beam-normalization global`` of
 the soft beam criteria) can start from this model (section 5.3, Tables 5.1, 5.4).
 
 Logged: ``loss`` (with the penalty), ``nll_loss`` (the CE), ``ppl``, and the mean

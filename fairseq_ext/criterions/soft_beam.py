@@ -1,6 +1,6 @@
 """``--criterion soft_beam_direct_loss`` and ``--criterion soft_beam_hinge``:
 training through a continuous relaxation of beam search (Goyal thesis, chapter 4;
-chapter 5 for ``--normalization global``).
+chapter 5 for ``--soft-beam-normalization global``).
 
 Each step runs the relaxed beam (``fairseq_ext.decoding.soft_beam.run_beam``,
 Algorithm 3) over every sentence with a decomposable Hamming cost:
@@ -20,14 +20,14 @@ Algorithm 3) over every sentence with a decomposable Hamming cost:
   and s(y*) the teacher-forced score of the gold sequence under the same scoring
   (section 4.4).
 
-Scores are log-softmax outputs (``--normalization local``) or raw logits
+Scores are log-softmax outputs (``--soft-beam-normalization local``) or raw logits
 (``global``: a globally normalised model, chapter 5). alpha follows
 ``--soft-beam-alpha-schedule`` over updates (annealing matters, section 4.3.3).
 The loss is summed over sentences; the sample size is the number of sentences.
 ``--soft-beam-dropout`` chooses the dropout of the search pass (``none``: eval
 mode; ``shared``: one mask per sentence for its beam rows; ``independent``); the
 hinge's gold pass keeps the model's dropout. The criterion keeps its
-``--normalization`` in the checkpoint (task state) as the decoding default.
+``--soft-beam-normalization`` in the checkpoint (task state) as the decoding default.
 Logged: ``loss``, ``beam_cost`` (the Hamming cost of the soft beam's decoded
 best hypothesis, hard backpointers: section 4.3.4), ``soft_beam_alpha``.
 """
@@ -75,12 +75,14 @@ class SoftBeamConfig(FairseqDataclass):
                                                                 "parameter": (interpolated, "value1")})
     soft_beam_alpha_updates: int = field(default=1000, metadata={"help": "N, updates to go from alpha_0 to alpha_1",
                                                                  "parameter": (interpolated, "horizon")})
-    normalization: ChoiceEnum(NORMALIZATIONS) = field(
-        default="local", metadata={"help": "local: log-softmax scores; global: raw logits (globally normalised)"}
+    soft_beam_normalization: ChoiceEnum(NORMALIZATIONS) = field(
+        default="local", metadata={"help": "local: log-softmax scores; global: raw logits (globally normalised)",
+                                   "deprecated": "--normalization"}
     )
-    hamming_weights: str = field(
+    soft_beam_hamming_weights: str = field(
         default="",
-        metadata={"help": "cost of predicting a label wrongly, e.g. 'O=2.0' (the thesis's NER setting); default 1"},
+        metadata={"help": "cost of predicting a label wrongly, e.g. 'O=2.0' (the thesis's NER setting); default 1",
+                  "deprecated": "--hamming-weights"},
     )
     soft_beam_extra_len: int = field(
         default=2, metadata={"help": "translation: the search may run this many tokens past the reference length, "
@@ -95,7 +97,8 @@ class _SoftBeamCriterion(FairseqCriterion):
     hinge = False
 
     def __init__(self, task, soft_beam_size=3, soft_beam_alpha=1.0, soft_beam_alpha_schedule="fixed",
-                 soft_beam_alpha_final=1.0, soft_beam_alpha_updates=1000, normalization="local", hamming_weights="",
+                 soft_beam_alpha_final=1.0, soft_beam_alpha_updates=1000, soft_beam_normalization="local",
+                 soft_beam_hamming_weights="",
                  soft_beam_extra_len=2, soft_beam_dropout="none"):
         super().__init__(task)
         check_options(SoftBeamConfig, locals())
@@ -104,19 +107,19 @@ class _SoftBeamCriterion(FairseqCriterion):
         self.alpha0, self.alpha1, self.alpha_updates = soft_beam_alpha, soft_beam_alpha_final, soft_beam_alpha_updates
         with as_options(SoftBeamConfig):
             interpolated(self.schedule, self.alpha0, self.alpha1, 0, self.alpha_updates)
-        self.normalization = str(normalization)
+        self.normalization = str(soft_beam_normalization)
         remember_normalization(task, self.normalization)
         self.extra_len, self.dropout = soft_beam_extra_len, str(soft_beam_dropout)
         self.open_length = not getattr(task, "forced_output_length", False)
         self.eos = task.target_dictionary.eos()
         dictionary = task.target_dictionary
         try:
-            weights = parse_label_weights(hamming_weights)
+            weights = parse_label_weights(soft_beam_hamming_weights)
         except ValueError as e:
-            raise ConfigError(f"--hamming-weights: {e}") from None
+            raise ConfigError(f"--soft-beam-hamming-weights: {e}") from None
         unknown = sorted(label for label in weights if dictionary.index(label) == dictionary.unk())
         if unknown:
-            raise ConfigError(f"--hamming-weights: labels not in the target dictionary: {unknown}")
+            raise ConfigError(f"--soft-beam-hamming-weights: labels not in the target dictionary: {unknown}")
         self.label_costs = torch.ones(len(dictionary))
         for label, w in weights.items():
             self.label_costs[dictionary.index(label)] = w
@@ -150,7 +153,7 @@ class _SoftBeamCriterion(FairseqCriterion):
             losses = soft_beam_loss(result.scores, result.costs, alpha)
         if not torch.isfinite(losses).all():
             raise FloatingPointError(f"{type(self).__name__}: non-finite loss for {int((~torch.isfinite(losses)).sum())} "
-                                     "sentence(s); check --normalization and the model's scores")
+                                     "sentence(s); check --soft-beam-normalization and the model's scores")
         best = result.best_tokens()  # pad past its end, where the costs are 0
         beam_cost = costs[:, : best.size(1)].gather(-1, best.unsqueeze(-1)).sum()
         nsentences = target.size(0)

@@ -360,19 +360,24 @@ def _best_ended(ended: List[Tensor], ended_costs: List[Tensor], back_hist: List[
 @dataclass
 class BeamSearchConfig(FairseqDataclass):
     """fairseq-generate options of ``BeamGenerator``, shared by the tasks that offer
-    it (``sequence_tagging``: ``--tagging-search``; ``translation_search``:
-    ``--translation-search``); ``--beam`` sets k."""
+    it (``sequence_tagging``, ``translation_search``); ``--beam`` sets k."""
 
+    search_algorithm: ChoiceEnum(["fairseq", "hard", "soft"]) = field(
+        default="fairseq",
+        metadata={"help": "fairseq-generate's search: fairseq's SequenceGenerator (--beam, renormalised scores, "
+                          "length penalty), hard beam search ranking by the sum of --search-normalization scores, "
+                          "or soft beam decoding (thesis 4.3.4) with --search-alpha",
+                  "deprecated": ("--tagging-search", "--translation-search")})
     search_normalization: ChoiceEnum(["checkpoint", *NORMALIZATIONS]) = field(
-        default="checkpoint", metadata={"help": "scores of the hard / soft search: the --normalization the checkpoint "
-                                                "was trained with (local if none), log-softmax (local) or raw logits "
-                                                "(global, a globally normalised model)"})
+        default="checkpoint", metadata={"help": "scores of the hard / soft search: the --soft-beam-normalization the "
+                                                "checkpoint was trained with (local if none), log-softmax (local) or "
+                                                "raw logits (global, a globally normalised model)"})
     search_alpha: float = field(default=1.0, metadata={"help": "alpha of the soft search (section 4.3.4)",
                                                        "constraint": above(0)})
 
 
 def trained_normalization(task) -> Optional[str]:
-    """The ``--normalization`` a soft beam criterion trained the checkpoint loaded
+    """The ``--soft-beam-normalization`` a soft beam criterion trained the checkpoint loaded
     into ``task`` with (``remember_normalization``; fairseq-generate loads the
     checkpoint's task state into the decoding task), or None."""
     state = getattr(task, "state", None)
@@ -386,24 +391,26 @@ def remember_normalization(task, normalization: str) -> None:
         task.state.merge_state_dict({TRAINED_NORMALIZATION: normalization})
 
 
-def build_beam_generator(task, models, tgt_dict, args, search: str, cfg: BeamSearchConfig, option: str, **kwargs):
-    """The ``BeamGenerator`` of ``task`` for ``search`` hard / soft (``option``
-    names the task's choice in errors); None for ``fairseq`` (use fairseq's
-    generator). ``--search-normalization checkpoint`` is the normalisation the
-    checkpoint was trained with (local if it names none); a different one, asked
-    for, or fairseq's (renormalising) search for a globally trained checkpoint,
-    gets a warning."""
+def build_beam_generator(task, models, tgt_dict, args, cfg: BeamSearchConfig, search: Optional[str] = None,
+                         option: str = "--search-algorithm", **kwargs):
+    """The ``BeamGenerator`` of ``task`` for ``search`` hard / soft (default:
+    ``cfg.search_algorithm``; ``option`` names the choice in errors); None for
+    ``fairseq`` (use fairseq's generator). ``--search-normalization checkpoint`` is
+    the normalisation the checkpoint was trained with (local if it names none); a
+    different one, asked for, or fairseq's (renormalising) search for a globally
+    trained checkpoint, gets a warning."""
+    search = str(cfg.search_algorithm) if search is None else search
     trained = trained_normalization(task)
     asked = str(cfg.search_normalization)
     normalization = asked if asked != "checkpoint" else (trained or "local")
     if search == "fairseq":
         if trained == "global":
-            logger.warning(f"this checkpoint was trained with --normalization global, but {option} fairseq "
-                           f"renormalises its scores; use {option} hard or soft")
+            logger.warning(f"this checkpoint was trained with --soft-beam-normalization global, but {option} "
+                           f"fairseq renormalises its scores; use {option} hard or soft")
         return None
     if trained is not None and asked != "checkpoint" and asked != trained:
         logger.warning(f"--search-normalization {asked}, but this checkpoint was trained with "
-                       f"--normalization {trained}")
+                       f"--soft-beam-normalization {trained}")
     if getattr(args, "sampling", False):
         raise ConfigError(f"--sampling needs {option} fairseq")
     return BeamGenerator(models, tgt_dict, getattr(args, "beam", 5), cfg.search_alpha, normalization,

@@ -3,7 +3,7 @@
 
 E = w^T mean_t h_t + b, the mean over positions of the top hidden states h_t of
 a transformer:
-- ``--energy-variant unit``: the causal transformer of the base LM (``--base-lm``
+- ``--energy-variant unit``: the causal transformer of the base LM (``--residual-base-lm``
   of the task), initialised from its weights (all of them trainable; the base LM
   used for sampling stays frozen and separate). Input [<eos>, x_1..x_T]; the
   mean is over the T positions of x.
@@ -64,7 +64,8 @@ class ResidualEnergyModel(BaseFairseqModel):
         if cfg.energy_variant == "unit":
             base = getattr(task, "base_lm", None)
             if base is None:
-                raise ConfigError("--energy-variant unit is initialised from the task's --base-lm (task residual_lm)")
+                raise ConfigError("--energy-variant unit is initialised from the task's --residual-base-lm "
+                                  "(task residual_lm)")
             decoder = copy.deepcopy(base.decoder)
             decoder.requires_grad_(True)
             out = getattr(decoder, "output_projection", None)

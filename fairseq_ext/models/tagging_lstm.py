@@ -1,7 +1,7 @@
 """Model ``tagging_lstm``: the seq2seq tagger with fixed attention of the Goyal
 thesis (sections 3.3.3, 4.5, 5.4.2).
 
-- Encoder: word embedding -> 1-layer BiLSTM (``--unidirectional``: left-to-right
+- Encoder: word embedding -> 1-layer BiLSTM (``--encoder-unidirectional``: left-to-right
   only, the label-bias ablation of section 5.4.2, Tables 5.2 / 5.3, where label i
   sees words 1..i only). Sources may come left- or right-padded; the encoder
   right-aligns them, so encoder state t is word t in every row.
@@ -9,7 +9,7 @@ thesis (sections 3.3.3, 4.5, 5.4.2).
   input at step t is [e(y_{t-1}); h^enc_t]: the previous label's embedding and
   the t-th encoder state (fixed attention: no attention parameters). Scores of
   step t are ``fc_out(h^dec_t)``.
-- Forced length (default; ``--no-forced-length`` turns it off): the decoder
+- Forced length (default; ``--decoder-no-forced-length`` turns it off): the decoder
   masks its scores so that a sentence of n words gets exactly n labels and then
   ``<eos>`` (see ``fairseq_ext/core/tagging.py``), whatever the search.
 
@@ -57,9 +57,10 @@ class TaggingLSTMConfig(FairseqDataclass):
         default=64, metadata={"help": "encoder LSTM size per direction (thesis 4.5.1: 64 for NER)",
                               "constraint": at_least(1)}
     )
-    unidirectional: bool = field(
+    encoder_unidirectional: bool = field(
         default=False,
-        metadata={"help": "left-to-right encoder instead of a BiLSTM (label-bias ablation, thesis 5.4.2)"},
+        metadata={"help": "left-to-right encoder instead of a BiLSTM (label-bias ablation, thesis 5.4.2)",
+                  "deprecated": "--unidirectional"},
     )
     decoder_embed_dim: int = field(default=8, metadata={"help": "label embedding size (thesis 4.5.1: 8 for NER)",
                                                         "constraint": at_least(1)})
@@ -69,9 +70,10 @@ class TaggingLSTMConfig(FairseqDataclass):
         default=0.2, metadata={"help": "dropout on word embeddings, encoder states and decoder states",
                                "constraint": between(0, 1)}
     )
-    no_forced_length: bool = field(
+    decoder_no_forced_length: bool = field(
         default=False,
-        metadata={"help": "do not mask the decoder scores to force exactly one label per word, then <eos>"},
+        metadata={"help": "do not mask the decoder scores to force exactly one label per word, then <eos>",
+                  "deprecated": "--no-forced-length"},
     )
 
 
@@ -202,12 +204,12 @@ class TaggingLSTMModel(FairseqEncoderDecoderModel):
         check_options(TaggingLSTMConfig, cfg)
         max_source, max_target = task.max_positions()
         encoder = TaggingLSTMEncoder(
-            task.source_dictionary, cfg.encoder_embed_dim, cfg.encoder_hidden_size, not cfg.unidirectional,
+            task.source_dictionary, cfg.encoder_embed_dim, cfg.encoder_hidden_size, not cfg.encoder_unidirectional,
             cfg.dropout, max_source,
         )
         decoder = FixedAttentionLSTMDecoder(
             task.target_dictionary, encoder.output_dim, cfg.decoder_embed_dim, cfg.decoder_hidden_size,
-            cfg.dropout, not cfg.no_forced_length, max_target,
+            cfg.dropout, not cfg.decoder_no_forced_length, max_target,
         )
         return cls(encoder, decoder)
 

@@ -10,8 +10,10 @@ ends with that one line and exit status 2, as argparse does for a bad option:
 ``FAIRSEQ_EXT_TRACEBACK=1`` prints the full traceback instead. Any other
 exception keeps Python's traceback.
 
-fairseq's parser (``fairseq.options.parse_args_and_arch``) gets three changes:
+fairseq's parser (``fairseq.options.parse_args_and_arch``) gets four changes:
 
+* the old spelling of a renamed plugin option is read as its new name, with a
+  warning line (``runtime.renamed``);
 * an argparse error about one of the plugin's options (a choice or type error,
   e.g. ``--mgs-decoder beamsearch``) is that one line too, without fairseq's
   ~180 lines of usage before it;
@@ -73,7 +75,9 @@ def _fairseq_parser(parse_args_and_arch: Callable) -> Callable:
             usage_error(message)
 
         parser.error = error
-        argv = sys.argv[1:] if input_args is None else input_args
+        from fairseq_ext.runtime.renamed import rewrite_argv
+
+        argv = rewrite_argv(sys.argv[1:] if input_args is None else input_args, parser)
         if any(flag in argv for flag in HELP_FLAGS):
             # fairseq first parses the known options to find the task, criterion, ...,
             # then adds their options and parses again: keep --help for the second parse
@@ -88,7 +92,7 @@ def _fairseq_parser(parse_args_and_arch: Callable) -> Callable:
                 return known, rest
 
             parser.parse_known_args = first_parse
-        parsed = parse_args_and_arch(parser, input_args, *args, **kwargs)
+        parsed = parse_args_and_arch(parser, argv, *args, **kwargs)
         from fairseq_ext.runtime.validation import check_parsed
 
         check_parsed(parsed[0] if isinstance(parsed, tuple) else parsed)

@@ -59,6 +59,7 @@ from typing import Callable, Optional
 import torch
 
 from fairseq_ext.runtime.cli import ConfigError
+from fairseq_ext.runtime.renamed import upgrade_checkpoint_cfg
 
 # torch < 1.13 has no weights_only argument and always unpickles.
 _HAS_WEIGHTS_ONLY = "weights_only" in inspect.signature(torch.load).parameters
@@ -491,7 +492,9 @@ def patch_checkpoint_errors() -> None:
       dictionary (size mismatch for decoder.embed_tokens.weight: ...)``
       (``state_dict_mismatch``).
 
-    Loading that succeeds is unchanged."""
+    A checkpoint saved before an option of a plugin component was renamed has its
+    saved config upgraded to the new names (``runtime.renamed``); loading is
+    otherwise unchanged."""
     from fairseq import checkpoint_utils
     from fairseq.trainer import Trainer
 
@@ -504,7 +507,7 @@ def patch_checkpoint_errors() -> None:
     @functools.wraps(to_cpu)
     def load_checkpoint_to_cpu(path, *args, **kwargs):
         try:
-            return to_cpu(path, *args, **kwargs)
+            state = to_cpu(path, *args, **kwargs)
         except (ConfigError, MemoryError):
             raise
         except FileNotFoundError as e:
@@ -512,6 +515,9 @@ def patch_checkpoint_errors() -> None:
         except Exception as e:
             cause = (str(e).strip().splitlines() or [""])[0]
             raise ConfigError(f"{path}: cannot load it as a checkpoint ({type(e).__name__}: {cause})") from e
+        overrides = args[0] if args else kwargs.get("arg_overrides")
+        upgrade_checkpoint_cfg(state.get("cfg") if isinstance(state, dict) else None, overrides)
+        return state
 
     @functools.wraps(load_checkpoint)
     def checked_load_checkpoint(cfg, trainer, **kwargs):

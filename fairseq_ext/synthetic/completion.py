@@ -15,7 +15,7 @@ p(a) > (1 - p(a)) x DOMINANT, i.e. p(a) > 0.375 with the defaults: it ends
 inside the first cycle (6 words, p = 0.5) and never in the others (3 words each,
 p = 0.25), where it repeats the cycle to the length limit. A model that learns
 the data well (MLE) inherits this: many of its greedy continuations of a 3-word
-prefix (``--context-size 3``) never terminate and are repetitive, and fitting the
+prefix (``--completion-context-size 3``) never terminate and are repetitive, and fitting the
 data better does not change that. MGS (``--criterion mgs --mgs-task-loss lm``:
 the continuation's negative log-probability under the frozen MLE model) rewards
 decoded continuations that end (docs/mgs.md, ``make demo``).

@@ -13,7 +13,7 @@ words are uniform over all 2m words, and n is uniform in [min_len, max_len].
 The future-dependent positions are exactly those whose gold label is A or B.
 
 Why this task separates local from global normalisation. A tagger that reads
-x_1..x_i before it scores y_i (``tagging_lstm --unidirectional``) cannot know
+x_1..x_i before it scores y_i (``tagging_lstm --encoder-unidirectional``) cannot know
 y_i at an F position: the next word's colour is a fair coin, so greedy decoding
 is at chance (50%) there, under any training. A beam can defer the decision: at
 step i it keeps both y_i = A and y_i = B; at step i+1 the decoder sees x_{i+1}
@@ -38,7 +38,7 @@ suffices; the thesis trains with 3.
 CLI: ``python -m fairseq_ext.synthetic.label_bias OUT_DIR [--train N --valid N --test N
 --seed S --words M --min-len L --max-len L]`` writes ``OUT_DIR/{train,dev,test}.txt``
 in the two-column CoNLL format of ``--task sequence_tagging`` (``word label`` per
-line, a blank line between sentences; read it with the default ``--tag-column ner``,
+line, a blank line between sentences; read it with the default ``--tagging-column ner``,
 the last column); ``python -m fairseq_ext.synthetic.label_bias --score GEN_OUT`` prints the
 accuracy of fairseq-generate output on the future-dependent positions and
 overall (JSON).

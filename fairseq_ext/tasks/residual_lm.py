@@ -2,9 +2,9 @@
 
 Examples are (prefix, continuation) blocks of the corpus read as one token stream
 (the lines of the binarized split joined, each ended by <eos>), cut into
-non-overlapping blocks of ``--prefix-len`` + ``--continuation-len`` tokens (paper:
-120 + 40; CPU defaults 24 + 8); a last incomplete block is dropped. The base
-language model P_LM (``--base-lm``, a fairseq ``transformer_lm`` checkpoint
+non-overlapping blocks of ``--residual-prefix-len`` + ``--residual-continuation-len``
+tokens (paper: 120 + 40; CPU defaults 24 + 8); a last incomplete block is dropped. The base
+language model P_LM (``--residual-base-lm``, a fairseq ``transformer_lm`` checkpoint
 trained on the same dictionary) is loaded once, frozen, and used to sample
 negatives (``scripts/prepare/sample_negatives.py``, offline), to initialise the ``unit``
 energy model, to estimate log Z (``scripts/score/eval_residual.py``) and to propose
@@ -12,7 +12,7 @@ continuations for the joint sampler (Algorithm 1) under ``fairseq-generate``.
 
 Negatives: ``{negatives-dir}/{split}.negatives.pt`` written by
 ``scripts/prepare/sample_negatives.py``: n base-LM continuations per block, aligned with
-the blocks. In training, every positive gets ``--num-negatives`` m of them drawn
+the blocks. In training, every positive gets ``--residual-num-negatives`` m of them drawn
 uniformly without replacement (anew every epoch, as the paper samples from its
 stored set); other splits take the first m.
 
@@ -46,35 +46,34 @@ logger = logging.getLogger(__name__)
 @dataclass
 class ResidualLMConfig(FairseqDataclass):
     data: Optional[str] = field(default=None, metadata={"help": "binarized data (dict.txt, {split}.bin/.idx)"})
-    base_lm: Optional[str] = field(
-        default=None, metadata={"help": "fairseq transformer_lm checkpoint of the base LM P_LM (frozen); required"}
-    )
-    prefix_len: int = field(default=24, metadata={"help": "prefix tokens p (paper: 120)", "constraint": at_least(1)})
-    continuation_len: int = field(default=8, metadata={"help": "continuation tokens T - p (paper: 40)",
-                                                       "constraint": at_least(1)})
-    negatives_dir: Optional[str] = field(
-        default=None, metadata={"help": "directory of {split}.negatives.pt (default: the data directory)"}
-    )
-    num_negatives: int = field(
+    residual_base_lm: Optional[str] = field(
+        default=None, metadata={"help": "fairseq transformer_lm checkpoint of the base LM P_LM (frozen); required",
+                                "deprecated": "--base-lm"})
+    residual_prefix_len: int = field(
+        default=24, metadata={"help": "prefix tokens p (paper: 120)", "constraint": at_least(1),
+                              "deprecated": "--prefix-len"})
+    residual_continuation_len: int = field(
+        default=8, metadata={"help": "continuation tokens T - p (paper: 40)", "constraint": at_least(1),
+                             "deprecated": "--continuation-len"})
+    residual_negatives_dir: Optional[str] = field(
+        default=None, metadata={"help": "directory of {split}.negatives.pt (default: the data directory)",
+                                "deprecated": "--negatives-dir"})
+    residual_num_negatives: int = field(
         default=4, metadata={"help": "m negatives per positive in each batch, drawn from the n stored ones",
-                             "constraint": at_least(1)}
-    )
-    joint_samples: int = field(
+                             "constraint": at_least(1), "deprecated": "--num-negatives"})
+    residual_joint_samples: int = field(
         default=16, metadata={"help": "n base-LM samples per prefix for the joint sampler (Algorithm 1)",
-                              "parameter": (JointSampler, "n")}
-    )
-    joint_topk: int = field(
+                              "parameter": (JointSampler, "n"), "deprecated": "--joint-samples"})
+    residual_joint_topk: int = field(
         default=0, metadata={"help": "top-k of the base-LM proposals of the joint sampler (0: none, exact as n grows)",
-                             "parameter": (filter_logits, "topk")}
-    )
-    allow_topk_negatives: bool = field(
+                             "parameter": (filter_logits, "topk"), "deprecated": "--joint-topk"})
+    residual_allow_topk_negatives: bool = field(
         default=False, metadata={"help": "accept negatives sampled with --topk > 0 (refused by default: NCE's noise "
-                                         "is then not P_LM, so Theorem 1 and the log-Z evaluation do not hold)"}
-    )
-    energy_batch_size: int = field(
+                                         "is then not P_LM, so Theorem 1 and the log-Z evaluation do not hold)",
+                                 "deprecated": "--allow-topk-negatives"})
+    residual_energy_batch_size: int = field(
         default=64, metadata={"help": "sequences per energy-model forward when scoring samples",
-                              "constraint": at_least(1)}
-    )
+                              "constraint": at_least(1), "deprecated": "--energy-batch-size"})
     seed: int = II("common.seed")
     num_shards: int = II("dataset.num_shards")  # fairseq-generate --num-shards (tasks/batching.py)
     shard_id: int = II("dataset.shard_id")
@@ -87,22 +86,22 @@ def load_base_lm(path: Optional[str], dictionary: Dictionary):
     from fairseq.models.transformer_lm import TransformerLanguageModel
 
     if not path:
-        raise ConfigError("residual_lm needs --base-lm PATH (a fairseq transformer_lm checkpoint)")
+        raise ConfigError("residual_lm needs --residual-base-lm PATH (a fairseq transformer_lm checkpoint)")
     if not os.path.isfile(path):
-        raise ConfigError(f"--base-lm: no such checkpoint file: {path}")
+        raise ConfigError(f"--residual-base-lm: no such checkpoint file: {path}")
     state = checkpoint_utils.load_checkpoint_to_cpu(path)
     weights = state["model"]
     emb = weights.get("decoder.embed_tokens.weight")
     if emb is None or any(k.startswith("encoder.") for k in weights):
-        raise ConfigError(f"--base-lm {path}: not a decoder-only transformer_lm checkpoint")
+        raise ConfigError(f"--residual-base-lm {path}: not a decoder-only transformer_lm checkpoint")
     if emb.size(0) != len(dictionary):
         raise ConfigError(
-            f"--base-lm {path}: its vocabulary has {emb.size(0)} entries but the data dictionary has "
+            f"--residual-base-lm {path}: its vocabulary has {emb.size(0)} entries but the data dictionary has "
             f"{len(dictionary)}: the base LM must be trained on the same dict.txt"
         )
     ckpt_dict = os.path.join(str(getattr(state["cfg"].task, "data", "") or ""), "dict.txt")
     if os.path.isfile(ckpt_dict) and Dictionary.load(ckpt_dict).symbols != dictionary.symbols:
-        raise ConfigError(f"--base-lm {path}: its dictionary {ckpt_dict} differs from the data dictionary")
+        raise ConfigError(f"--residual-base-lm {path}: its dictionary {ckpt_dict} differs from the data dictionary")
 
     class _Dicts:  # what TransformerLanguageModel.build_model reads from a task
         source_dictionary = target_dictionary = dictionary
@@ -196,7 +195,7 @@ class ResidualLMTask(TaskBatching, FairseqTask):
     def __init__(self, cfg: ResidualLMConfig, dictionary: Dictionary):
         super().__init__(cfg)
         self.dictionary = dictionary
-        self._base_lm = load_base_lm(cfg.base_lm, dictionary)
+        self._base_lm = load_base_lm(cfg.residual_base_lm, dictionary)
         self._negatives_for: Optional[str] = None  # who needs every split to have negatives
 
     @classmethod
@@ -224,10 +223,10 @@ class ResidualLMTask(TaskBatching, FairseqTask):
 
     @property
     def block_size(self) -> int:
-        return self.cfg.prefix_len + self.cfg.continuation_len
+        return self.cfg.residual_prefix_len + self.cfg.residual_continuation_len
 
     def negatives_path(self, split: str) -> str:
-        return os.path.join(self.cfg.negatives_dir or self.cfg.data.split(":")[0], f"{split}.negatives.pt")
+        return os.path.join(self.cfg.residual_negatives_dir or self.cfg.data.split(":")[0], f"{split}.negatives.pt")
 
     def load_blocks(self, split: str) -> torch.Tensor:
         path = os.path.join(self.cfg.data.split(":")[0], split)
@@ -250,7 +249,7 @@ class ResidualLMTask(TaskBatching, FairseqTask):
     def _no_negatives(self, split: str) -> None:
         raise ConfigError(f"{self._negatives_for} needs the negatives of split {split}, but there is no "
                           f"{self.negatives_path(split)}: run scripts/sample_negatives.py (it writes "
-                          "{split}.negatives.pt next to the data or into --negatives-dir)")
+                          "{split}.negatives.pt next to the data or into --residual-negatives-dir)")
 
     def load_negatives(self, split: str, num_blocks: int) -> Optional[torch.Tensor]:
         """The stored negatives of ``split`` (N, n, L), checked against the blocks, or
@@ -259,25 +258,27 @@ class ResidualLMTask(TaskBatching, FairseqTask):
         if not os.path.isfile(path):
             return None
         stored = torch.load(path, weights_only=True)
-        expect = {"prefix_len": self.cfg.prefix_len, "continuation_len": self.cfg.continuation_len,
+        expect = {"prefix_len": self.cfg.residual_prefix_len, "continuation_len": self.cfg.residual_continuation_len,
                   "num_blocks": num_blocks}
         got = {"prefix_len": stored["prefix_len"], "continuation_len": stored["continuation_len"],
                "num_blocks": stored["tokens"].size(0)}
         if got != expect:
             raise ConfigError(f"residual_lm: negatives {path} were sampled for {got}, but this run has {expect}: "
-                             f"rerun scripts/prepare/sample_negatives.py with the same --prefix-len/--continuation-len")
+                             f"rerun scripts/prepare/sample_negatives.py with the same --residual-prefix-len and "
+                             f"--residual-continuation-len")
         topk = int(stored.get("topk", 0) or 0)
-        if topk > 0 and not self.cfg.allow_topk_negatives:
+        if topk > 0 and not self.cfg.residual_allow_topk_negatives:
             raise ConfigError(f"residual_lm: negatives {path} were sampled with --topk {topk}: NCE then learns "
                              f"against a truncated base LM, not P_LM, so the joint model P_LM exp(-E) / Z and its "
                              f"log-Z estimates do not hold; resample with --topk 0, or pass "
-                             f"--allow-topk-negatives to train anyway")
+                             f"--residual-allow-topk-negatives to train anyway")
         if topk > 0:
-            logger.warning("residual_lm: negatives %s were sampled with top-k %d (--allow-topk-negatives): the "
-                           "energy is trained against the truncated LM; joint perplexities are not valid", path, topk)
-        if stored["tokens"].size(1) < self.cfg.num_negatives:
-            raise ConfigError(f"--num-negatives {self.cfg.num_negatives} > the {stored['tokens'].size(1)} "
-                             f"negatives per prefix stored in {path}")
+            logger.warning("residual_lm: negatives %s were sampled with top-k %d (--residual-allow-topk-negatives): "
+                           "the energy is trained against the truncated LM; joint perplexities are not valid",
+                           path, topk)
+        if stored["tokens"].size(1) < self.cfg.residual_num_negatives:
+            raise ConfigError(f"--residual-num-negatives {self.cfg.residual_num_negatives} > the "
+                             f"{stored['tokens'].size(1)} negatives per prefix stored in {path}")
         return stored["tokens"]
 
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs):
@@ -286,7 +287,7 @@ class ResidualLMTask(TaskBatching, FairseqTask):
         if negatives is None and self._negatives_for:
             self._no_negatives(split)
         self.datasets[split] = ResidualLMDataset(
-            blocks, self.cfg.prefix_len, negatives, self.cfg.num_negatives,
+            blocks, self.cfg.residual_prefix_len, negatives, self.cfg.residual_num_negatives,
             shuffle_negatives=split.startswith("train"), seed=self.cfg.seed,
         )
 
@@ -294,9 +295,10 @@ class ResidualLMTask(TaskBatching, FairseqTask):
         return None
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
-        return JointSampler(self.base_lm, self.cfg.continuation_len, self.cfg.joint_samples, self.cfg.joint_topk,
-                            num_outputs=getattr(args, "nbest", 1), energy_batch_size=self.cfg.energy_batch_size,
-                            seed=self.cfg.seed)
+        cfg = self.cfg
+        return JointSampler(self.base_lm, cfg.residual_continuation_len, cfg.residual_joint_samples,
+                            cfg.residual_joint_topk, num_outputs=getattr(args, "nbest", 1),
+                            energy_batch_size=cfg.residual_energy_batch_size, seed=cfg.seed)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         with torch.no_grad():

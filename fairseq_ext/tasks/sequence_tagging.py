@@ -4,7 +4,7 @@ thesis sections 3.3.3, 4.5, 5.4.2).
 Data: a directory with ``train.txt``, ``dev.txt`` and ``test.txt`` in CoNLL
 columns (``token [POS] TAG`` per line, a blank line between sentences;
 ``-DOCSTART-`` document markers are dropped). fairseq's split ``valid`` reads
-``dev.txt``, any other split ``{split}.txt``. ``--tag-column ner`` takes the last
+``dev.txt``, any other split ``{split}.txt``. ``--tagging-column ner`` takes the last
 column as the label (9 BIO labels on CoNLL-2003), ``pos`` the second (45 tags).
 
 A sentence of n words becomes the source ``w_1 .. w_n <eos>`` and the target
@@ -13,10 +13,11 @@ appended); batches are ``LanguagePairDataset`` batches (``prev_output_tokens`` =
 ``<eos> y_1 .. y_n``). Sources are right-padded unless ``--left-pad-source``.
 
 Dictionaries and binarized splits are built on first use into a cache directory
-(``--cache-dir``; default ``$XDG_CACHE_HOME/fairseq_ext/sequence_tagging`` or
+(``--tagging-cache-dir``; default ``$XDG_CACHE_HOME/fairseq_ext/sequence_tagging`` or
 ``~/.cache/...``), never into the data directory, in a subdirectory keyed by the
 raw files' contents and the options that change them (tag column, lowercasing,
-digit normalisation, ``--min-word-count``, ``--max-train-sentences``). The word
+digit normalisation, ``--tagging-min-word-count``,
+``--tagging-max-train-sentences``). The word
 dictionary comes from the training sentences used; the label dictionary holds
 every label of the split files present (no unknown labels), with no extra
 symbols. The cache subdirectory is a fairseq ``translation`` data directory
@@ -67,44 +68,39 @@ class SequenceTaggingConfig(BeamSearchConfig):
     data: Optional[str] = field(
         default=None, metadata={"help": "directory with train.txt, dev.txt, test.txt (CoNLL columns)"}
     )
-    tag_column: ChoiceEnum(["ner", "pos"]) = field(
-        default="ner", metadata={"help": "label column: ner = last column, pos = second column"}
-    )
-    lowercase: bool = field(default=False, metadata={"help": "lowercase the words"})
-    normalize_digits: bool = field(default=False, metadata={"help": "replace every digit of a word by 0"})
-    min_word_count: int = field(
+    tagging_column: ChoiceEnum(["ner", "pos"]) = field(
+        default="ner", metadata={"help": "label column: ner = last column, pos = second column",
+                                 "deprecated": "--tag-column"})
+    tagging_lowercase: bool = field(default=False, metadata={"help": "lowercase the words",
+                                                             "deprecated": "--lowercase"})
+    tagging_normalize_digits: bool = field(default=False, metadata={"help": "replace every digit of a word by 0",
+                                                                    "deprecated": "--normalize-digits"})
+    tagging_min_word_count: int = field(
         default=2,
-        metadata={"help": "training words seen fewer times than this become <unk> (2: singletons train <unk>)"},
-    )
-    max_train_sentences: int = field(
-        default=0, metadata={"help": "use only the first N training sentences (0: all)"}
-    )
-    cache_dir: Optional[str] = field(
+        metadata={"help": "training words seen fewer times than this become <unk> (2: singletons train <unk>)",
+                  "deprecated": "--min-word-count"})
+    tagging_max_train_sentences: int = field(
+        default=0, metadata={"help": "use only the first N training sentences (0: all)",
+                             "deprecated": "--max-train-sentences"})
+    tagging_cache_dir: Optional[str] = field(
         default=None,
         metadata={"help": "where dictionaries and binarized splits are cached "
-                          "(default: $XDG_CACHE_HOME/fairseq_ext/sequence_tagging)"},
-    )
+                          "(default: $XDG_CACHE_HOME/fairseq_ext/sequence_tagging)", "deprecated": "--cache-dir"})
     left_pad_source: bool = field(default=False, metadata={"help": "left-pad source batches (default: right)"})
-    eval_tagging: bool = field(
+    tagging_eval: bool = field(
         default=False,
-        metadata={"help": "validation also decodes (greedily, or as --eval-tagging-search says) and logs f1 "
+        metadata={"help": "validation also decodes (greedily, or as --tagging-eval-search says) and logs f1 "
                           "(conlleval chunks) and tag_acc (tokens); select checkpoints with "
-                          "--best-checkpoint-metric f1 (or tag_acc) --maximize-best-checkpoint-metric"},
-    )
-    eval_tagging_search: ChoiceEnum(["greedy", "hard", "soft"]) = field(
+                          "--best-checkpoint-metric f1 (or tag_acc) --maximize-best-checkpoint-metric",
+                  "deprecated": "--eval-tagging"})
+    tagging_eval_search: ChoiceEnum(["greedy", "hard", "soft"]) = field(
         default="greedy",
-        metadata={"help": "--eval-tagging's decoder: greedy, or the hard / soft beam of --tagging-search with "
-                          "--eval-tagging-beam elements, --search-normalization and --search-alpha (select "
-                          "checkpoints by the decoder used at test)"},
-    )
-    eval_tagging_beam: int = field(default=3, metadata={"help": "k of --eval-tagging-search hard / soft (at most the "
-                                                                "number of labels)", "constraint": at_least(1)})
-    tagging_search: ChoiceEnum(["fairseq", "hard", "soft"]) = field(
-        default="fairseq",
-        metadata={"help": "fairseq-generate's search: fairseq's SequenceGenerator (--beam, renormalised scores), "
-                          "hard beam search ranking by the sum of --search-normalization scores, or soft beam "
-                          "decoding (thesis 4.3.4) with --search-alpha"},
-    )
+        metadata={"help": "--tagging-eval's decoder: greedy, or the hard / soft beam of --search-algorithm with "
+                          "--tagging-eval-beam elements, --search-normalization and --search-alpha (select "
+                          "checkpoints by the decoder used at test)", "deprecated": "--eval-tagging-search"})
+    tagging_eval_beam: int = field(
+        default=3, metadata={"help": "k of --tagging-eval-search hard / soft (at most the number of labels)",
+                             "constraint": at_least(1), "deprecated": "--eval-tagging-beam"})
     max_source_positions: int = field(default=1024, metadata={"help": "longest source (words + <eos>)",
                                                               "constraint": at_least(1)})
     max_target_positions: int = field(default=1024, metadata={"help": "longest target (labels + <eos>)",
@@ -151,7 +147,7 @@ def read_conll(path: str, tag_column: str, max_sentences: int = 0) -> List[Sente
                 continue
             if len(cols) < min_cols:
                 raise ConfigError(f"{path}:{lineno}: expected at least {min_cols} columns for "
-                                 f"--tag-column {tag_column}, got {line.rstrip()!r}")
+                                 f"--tagging-column {tag_column}, got {line.rstrip()!r}")
             words.append(cols[0])
             labels.append(cols[1] if tag_column == "pos" else cols[-1])
     if words and not (0 < max_sentences <= len(sentences)):
@@ -167,22 +163,26 @@ def _digest(path: str) -> str:
     return h.hexdigest()
 
 
+def _cached_options(cfg: SequenceTaggingConfig) -> Dict[str, object]:
+    """The options that change the dictionaries or binarized data, as the cache key names them."""
+    return {"tag_column": str(cfg.tagging_column), "lowercase": cfg.tagging_lowercase,
+            "normalize_digits": cfg.tagging_normalize_digits, "min_word_count": cfg.tagging_min_word_count,
+            "max_train_sentences": cfg.tagging_max_train_sentences}
+
+
 def cache_path(cfg: SequenceTaggingConfig) -> str:
     """The cache subdirectory for ``cfg``: keyed by the raw files' contents and
     the options that change dictionaries or binarized data."""
-    root = cfg.cache_dir or os.path.join(
+    root = cfg.tagging_cache_dir or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "fairseq_ext", "sequence_tagging"
     )
     files = {name: _digest(os.path.join(cfg.data, name))
              for name in ("train.txt", "dev.txt", "test.txt") if os.path.exists(os.path.join(cfg.data, name))}
     key = {
-        "version": CACHE_VERSION, "files": files, "tag_column": str(cfg.tag_column), "lowercase": cfg.lowercase,
-        "normalize_digits": cfg.normalize_digits, "min_word_count": cfg.min_word_count,
-        "max_train_sentences": cfg.max_train_sentences,
-    }
+        "version": CACHE_VERSION, "files": files, **_cached_options(cfg)}
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     name = os.path.basename(os.path.normpath(os.path.abspath(cfg.data)))
-    return os.path.join(root, f"{name}-{cfg.tag_column}-{digest}")
+    return os.path.join(root, f"{name}-{cfg.tagging_column}-{digest}")
 
 
 @contextlib.contextmanager
@@ -222,9 +222,9 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
         self.tgt_dict = tgt_dict
         self.cache = cache
         num_labels = len(tgt_dict) - tgt_dict.nspecial
-        if cfg.eval_tagging and str(cfg.eval_tagging_search) != "greedy" and cfg.eval_tagging_beam > num_labels:
-            raise ConfigError(f"--eval-tagging-beam must be <= {num_labels} (the number of labels), "
-                              f"got {cfg.eval_tagging_beam}")
+        if cfg.tagging_eval and str(cfg.tagging_eval_search) != "greedy" and cfg.tagging_eval_beam > num_labels:
+            raise ConfigError(f"--tagging-eval-beam must be <= {num_labels} (the number of labels), "
+                              f"got {cfg.tagging_eval_beam}")
 
     @classmethod
     def setup_task(cls, cfg: SequenceTaggingConfig, **kwargs) -> "SequenceTaggingTask":
@@ -235,9 +235,7 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
         paths = {lang: os.path.join(cache, f"dict.{lang}.txt") for lang in (SRC, TGT)}
         if not all(os.path.exists(p) for p in paths.values()):
             src_dict, tgt_dict = cls.build_dictionaries(cfg)
-            options = {"data": os.path.abspath(cfg.data), "tag_column": str(cfg.tag_column),
-                       "lowercase": cfg.lowercase, "normalize_digits": cfg.normalize_digits,
-                       "min_word_count": cfg.min_word_count, "max_train_sentences": cfg.max_train_sentences}
+            options = {"data": os.path.abspath(cfg.data), **_cached_options(cfg)}
             with _staging(cache) as tmp:
                 with open(os.path.join(tmp, "options.json"), "w", encoding="utf-8") as f:
                     json.dump(options, f, indent=2)
@@ -253,21 +251,22 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
 
     @staticmethod
     def build_dictionaries(cfg: SequenceTaggingConfig) -> Tuple[Dictionary, Dictionary]:
-        """Word dictionary from the (first ``--max-train-sentences``) training
-        sentences, words below ``--min-word-count`` dropped; label dictionary of all
+        """Word dictionary from the (first ``--tagging-max-train-sentences``) training
+        sentences, words below ``--tagging-min-word-count`` dropped; label dictionary of all
         labels in the split files, sorted, specials first, no padding symbols."""
-        train = read_conll(os.path.join(cfg.data, "train.txt"), cfg.tag_column, cfg.max_train_sentences)
+        train = read_conll(os.path.join(cfg.data, "train.txt"), cfg.tagging_column,
+                           cfg.tagging_max_train_sentences)
         words = Dictionary()
         for sent_words, _ in train:
             for w in sent_words:
-                words.add_symbol(normalize_word(w, cfg.lowercase, cfg.normalize_digits))
-        words.finalize(threshold=cfg.min_word_count)
+                words.add_symbol(normalize_word(w, cfg.tagging_lowercase, cfg.tagging_normalize_digits))
+        words.finalize(threshold=cfg.tagging_min_word_count)
         label_counts: Dict[str, int] = {}
         for name in ("train.txt", "dev.txt", "test.txt"):
             path = os.path.join(cfg.data, name)
             if not os.path.exists(path):
                 continue
-            sentences = train if name == "train.txt" else read_conll(path, cfg.tag_column)
+            sentences = train if name == "train.txt" else read_conll(path, cfg.tagging_column)
             for _, sent_labels in sentences:
                 for lab in sent_labels:
                     label_counts[lab] = label_counts.get(lab, 0) + int(name == "train.txt")
@@ -280,12 +279,12 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
         path = os.path.join(self.cfg.data, split_file(split))
         if not os.path.exists(path):
             raise FileNotFoundError(f"sequence_tagging: no {split_file(split)} in {self.cfg.data} for split {split!r}")
-        max_sentences = self.cfg.max_train_sentences if split == "train" else 0
-        sentences = read_conll(path, self.cfg.tag_column, max_sentences)
+        max_sentences = self.cfg.tagging_max_train_sentences if split == "train" else 0
+        sentences = read_conll(path, self.cfg.tagging_column, max_sentences)
         unknown = sorted({lab for _, labs in sentences for lab in labs if lab not in self.tgt_dict.indices})
         if unknown:
             raise ConfigError(f"sequence_tagging: {path} has labels missing from the label dictionary: {unknown}")
-        norm = [[normalize_word(w, self.cfg.lowercase, self.cfg.normalize_digits) for w in words]
+        norm = [[normalize_word(w, self.cfg.tagging_lowercase, self.cfg.tagging_normalize_digits) for w in words]
                 for words, _ in sentences]
         eos = self.src_dict.eos()
         write_indexed([[self.tgt_dict.index(x) for x in labels] + [eos] for _, labels in sentences],
@@ -316,8 +315,7 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
         beam = getattr(args, "beam", 5)
         if not getattr(args, "sampling", False) and beam > num_labels:
             raise ConfigError(f"sequence_tagging: --beam {beam} is larger than the number of labels ({num_labels})")
-        ours = build_beam_generator(self, models, self.tgt_dict, args, str(self.cfg.tagging_search), self.cfg,
-                                    "--tagging-search")
+        ours = build_beam_generator(self, models, self.tgt_dict, args, self.cfg)
         if ours is not None:
             return ours
         generator = super().build_generator(models, args, **kwargs)
@@ -325,23 +323,23 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
         return generator
 
     def valid_step(self, sample, model, criterion):
-        """The criterion's validation loss; with ``--eval-tagging`` also conlleval's
+        """The criterion's validation loss; with ``--tagging-eval`` also conlleval's
         counts of greedy decodes against the gold labels."""
         loss, sample_size, logging_output = super().valid_step(sample, model, criterion)
-        if self.cfg.eval_tagging:
+        if self.cfg.tagging_eval:
             logging_output.update(self.tagging_counts(model, sample))
         return loss, sample_size, logging_output
 
     def tagging_counts(self, model, sample) -> Dict[str, int]:
-        """Decodes of a batch (greedy, or ``--eval-tagging-search``'s beam) scored
+        """Decodes of a batch (greedy, or ``--tagging-eval-search``'s beam) scored
         against its targets: chunk counts (gold, predicted, correct, all types) and
         token counts."""
-        search = str(self.cfg.eval_tagging_search)
+        search = str(self.cfg.tagging_eval_search)
         if search == "greedy":
             hyps = decode_candidates(model, sample, DecodeConfig(max_len_a=1.0, max_len_b=0)).as_list()
         else:
             generator = build_beam_generator(self, [model], self.tgt_dict, argparse.Namespace(
-                beam=self.cfg.eval_tagging_beam), search, self.cfg, "--eval-tagging-search")
+                beam=self.cfg.tagging_eval_beam), self.cfg, search, "--tagging-eval-search")
             was_training = model.training
             try:
                 hyps = [h[0]["tokens"] for h in generator.generate([model], sample)]

@@ -1,7 +1,7 @@
 """Task ``text_completion``: decoder-only language models that continue a prefix.
 
 Welleck & Cho (MGS paper, section 5.1): each line (paragraph) of the corpus is one
-sequence; its first k tokens (``--context-size``, k = 10) are the prefix X and the
+sequence; its first k tokens (``--completion-context-size``, k = 10) are the prefix X and the
 rest, ended by <eos>, is the continuation Y. Lines of k tokens or fewer are
 dropped. Training is MLE on the continuation (``--completion-loss continuation``)
 or on the whole line (``line``); validation reports the continuation perplexity.
@@ -34,9 +34,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class TextCompletionConfig(LanguageModelingConfig):
-    context_size: int = field(
+    completion_context_size: int = field(
         default=10, metadata={"help": "prefix length k in tokens; lines of <= k tokens are dropped (MGS section 5.1)",
-                              "constraint": at_least(1)}
+                              "constraint": at_least(1), "deprecated": "--context-size"}
     )
     completion_loss: ChoiceEnum(["continuation", "line"]) = field(
         default="continuation",
@@ -144,7 +144,8 @@ class TextCompletionTask(TaskBatching, LanguageModelingTask):
         if lines is None:
             raise FileNotFoundError(f"text_completion: dataset not found: {split} ({path}.bin/.idx)")
         self.datasets[split] = CompletionDataset(
-            lines, self.dictionary, self.args.context_size, mask_prefix=self.args.completion_loss == "continuation"
+            lines, self.dictionary, self.args.completion_context_size,
+            mask_prefix=self.args.completion_loss == "continuation",
         )
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):

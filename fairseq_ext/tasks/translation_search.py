@@ -14,13 +14,12 @@ Train with ``--task translation`` (or this task: training is translation's) and
 decode any translation checkpoint:
 
     fairseq-generate DATA --user-dir fairseq_ext --task translation_search --path ckpt.pt \\
-        --beam 3 --translation-search soft --search-alpha 100 --search-normalization global
+        --beam 3 --search-algorithm soft --search-alpha 100 --search-normalization global
 
 docs/soft_beam.md documents the options.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
@@ -32,11 +31,6 @@ from fairseq_ext.tasks.batching import TaskBatching
 
 @dataclass
 class TranslationSearchConfig(TranslationConfig, BeamSearchConfig):
-    translation_search: ChoiceEnum(["fairseq", "hard", "soft"]) = field(
-        default="fairseq",
-        metadata={"help": "fairseq-generate's search: fairseq's SequenceGenerator (--beam, renormalised scores, "
-                          "length penalty), hard beam search ranking by the sum of --search-normalization scores, "
-                          "or soft beam decoding (thesis 4.3.4) with --search-alpha"})
     num_shards: int = II("dataset.num_shards")  # fairseq-generate --num-shards (tasks/batching.py)
     shard_id: int = II("dataset.shard_id")
 
@@ -44,7 +38,7 @@ class TranslationSearchConfig(TranslationConfig, BeamSearchConfig):
 @register_task("translation_search", dataclass=TranslationSearchConfig)
 class TranslationSearchTask(TaskBatching, TranslationTask):
     """``translation`` with the hard / soft beam of ``decoding/soft_beam.py`` as
-    fairseq-generate's search (``--translation-search``)."""
+    fairseq-generate's search (``--search-algorithm``)."""
 
     cfg: TranslationSearchConfig
 
@@ -54,7 +48,6 @@ class TranslationSearchTask(TaskBatching, TranslationTask):
 
     def build_generator(self, models, args, **kwargs):
         ours = build_beam_generator(
-            self, models, self.target_dictionary, args, str(self.cfg.translation_search), self.cfg,
-            "--translation-search", max_len_a=float(getattr(args, "max_len_a", 0.0)),
+            self, models, self.target_dictionary, args, self.cfg, max_len_a=float(getattr(args, "max_len_a", 0.0)),
             max_len_b=int(getattr(args, "max_len_b", 200)))
         return ours if ours is not None else super().build_generator(models, args, **kwargs)

@@ -32,7 +32,7 @@ def main(argv=None):
     import fairseq_ext  # noqa: F401  (registers the task and model)
 
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [a.checkpoint], arg_overrides={"data": a.data, "cache_dir": a.cache_dir})
+        [a.checkpoint], arg_overrides={"data": a.data, "tagging_cache_dir": a.cache_dir})
     model = models[0].eval()
     task.load_dataset("test")
     data = task.dataset("test")

@@ -88,7 +88,7 @@ def main() -> None:
     for alpha in [float(a) for a in args.alphas.split(",")]:
         for mode in ["eval", *DROPOUT_MODES]:
             criterion = criterion_class(task, soft_beam_size=args.beam, soft_beam_alpha=alpha,
-                                        normalization=args.normalization,
+                                        soft_beam_normalization=args.normalization,
                                         soft_beam_dropout="none" if mode == "eval" else mode)
             model.train(mode != "eval")
             grads = []
@@ -104,7 +104,7 @@ def main() -> None:
     for alpha in [float(a) for a in args.alphas.split(",")]:
         for mode in DROPOUT_MODES:
             criterion = criterion_class(task, soft_beam_size=args.beam, soft_beam_alpha=alpha,
-                                        normalization=args.normalization, soft_beam_dropout=mode)
+                                        soft_beam_normalization=args.normalization, soft_beam_dropout=mode)
             model.train()
 
             def loss():

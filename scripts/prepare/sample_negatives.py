@@ -2,15 +2,15 @@
 """Sample the negatives of a residual EBM once, offline (Deng et al., 2020, section 4.1).
 
 For every (prefix, continuation) block of each split (task ``residual_lm``), draw
-``--num-samples`` n continuations from the base LM (``--base-lm``, top-k when
+``--num-samples`` n continuations from the base LM (``--residual-base-lm``, top-k when
 ``--topk`` > 0) and write ``{out-dir}/{split}.negatives.pt``: ``tokens`` (N, n, L)
 aligned with the blocks, ``lm_log_prob`` (N, n) their untruncated base-LM
 log-probabilities, ``pos_lm_log_prob`` (N,) that of the human continuation, and
 the settings (prefix_len, continuation_len, topk, base_lm, seed). Runs on the GPU
 when one is visible (``--cpu`` to stay on the CPU; the random stream differs).
 
-    python scripts/prepare/sample_negatives.py DATA --base-lm LM.pt --splits train,valid \
-        --num-samples 8 --topk 0 [--prefix-len 24 --continuation-len 8 --out-dir DIR]
+    python scripts/prepare/sample_negatives.py DATA --residual-base-lm LM.pt --splits train,valid \
+        --num-samples 8 --topk 0 [--residual-prefix-len 24 --residual-continuation-len 8 --out-dir DIR]
 """
 import os
 import sys
@@ -28,11 +28,11 @@ def main(argv=None) -> None:
     group = parser.add_argument_group("sample_negatives")
     group.add_argument("--splits", default="train,valid", help="comma-separated splits")
     group.add_argument("--num-samples", type=int, default=16,
-                       help="n negatives per prefix (Deng et al. store 16 or 128; training draws --num-negatives "
-                            "of them anew every epoch, so n must be well above --num-negatives)")
+                       help="n negatives per prefix (Deng et al. store 16 or 128; training draws "
+                            "--residual-num-negatives of them anew every epoch, so n must be well above it)")
     group.add_argument("--topk", type=int, default=0,
                        help="top-k of the base-LM sampling (0: none; > 0 is refused by residual_lm training unless "
-                            "--allow-topk-negatives: NCE's noise must be P_LM)")
+                            "--residual-allow-topk-negatives: NCE's noise must be P_LM)")
     group.add_argument("--out-dir", default=None, help="where to write {split}.negatives.pt (default: the data dir)")
     group.add_argument("--sample-batch-size", type=int, default=16, help="prefixes per sampling call")
     args = options.parse_args_and_arch(parser, argv)
@@ -41,11 +41,11 @@ def main(argv=None) -> None:
     task = tasks.setup_task(args)
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"  # GPU unless --cpu
     lm = task.base_lm.to(device)
-    out_dir = args.out_dir or task.cfg.negatives_dir or args.data.split(":")[0]
+    out_dir = args.out_dir or task.cfg.residual_negatives_dir or args.data.split(":")[0]
     os.makedirs(out_dir, exist_ok=True)
     g = torch.Generator(device=device).manual_seed(args.seed)
     torch.manual_seed(args.seed)
-    p, length = task.cfg.prefix_len, task.cfg.continuation_len
+    p, length = task.cfg.residual_prefix_len, task.cfg.residual_continuation_len
     for split in args.splits.split(","):
         blocks = task.load_blocks(split)
         start = time.time()
@@ -59,7 +59,7 @@ def main(argv=None) -> None:
         path = os.path.join(out_dir, f"{split}.negatives.pt")
         torch.save({"tokens": torch.cat(tokens), "lm_log_prob": torch.cat(lps), "pos_lm_log_prob": torch.cat(pos_lps),
                     "prefix_len": p, "continuation_len": length, "topk": args.topk,
-                    "base_lm": os.path.abspath(task.cfg.base_lm), "seed": args.seed}, path)
+                    "base_lm": os.path.abspath(task.cfg.residual_base_lm), "seed": args.seed}, path)
         print(f"{split}: {len(blocks)} prefixes x {args.num_samples} negatives -> {path} "
               f"({time.time() - start:.1f}s)", file=sys.stderr)
 

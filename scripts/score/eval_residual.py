@@ -15,19 +15,19 @@ For every (prefix, continuation) block of ``--gen-subset``:
 - Figure 2 left (``--range-ns 2,4,...``): the range again from the first k of the
   same n samples for every k listed (the samples are i.i.d., so the first k are k
   fresh samples; the ranges of different k share samples and are correlated).
-- Figure 2 right: one joint sample (Algorithm 1: the task's ``--joint-samples``
-  proposals with ``--joint-topk``, one pick in proportion to exp(-E);
+- Figure 2 right: one joint sample (Algorithm 1: the task's ``--residual-joint-samples``
+  proposals with ``--residual-joint-topk``, one pick in proportion to exp(-E);
   generators/joint_sampler.py), one base-LM sample (the first proposal of the same
   set: the same top-k) and the real continuation; the share of unique 2/3/4-grams
   of each set (core/task_losses.unique_ngram_share: pooled over the set, and the
-  mean within a continuation). With ``--joint-samples`` = n and top-k 0 the joint
+  mean within a continuation). With ``--residual-joint-samples`` = n and top-k 0 the joint
   sampler reuses the log-Z samples.
 - Figure 3: log-likelihoods of whole continuations under the base LM (real vs
   base-LM samples) and under the joint model with the lower log Z (real vs joint
   samples), their means, and with ``--png`` their histograms.
 
     python scripts/score/eval_residual.py DATA --user-dir fairseq_ext --task residual_lm \
-        --base-lm LM.pt --path EBM.pt --gen-subset test --num-samples 64 [--range-ns 2,4,8,16,32,64] \
+        --residual-base-lm LM.pt --path EBM.pt --gen-subset test --num-samples 64 [--range-ns 2,4,8,16,32,64] \
         [--json OUT] [--samples-out OUT.jsonl] [--png PREFIX]
 """
 import json
@@ -58,20 +58,20 @@ def evaluate(task, energy_model, split: str, n: int, batch_size: int, max_prefix
     if ks[0] < 2 or ks[-1] > n:
         raise ValueError(f"--range-ns must lie in [2, --num-samples = {n}], got {list(range_ns)}")
     cfg = task.cfg
-    lm, p, length = task.base_lm.to(device), cfg.prefix_len, cfg.continuation_len
+    lm, p, length = task.base_lm.to(device), cfg.residual_prefix_len, cfg.residual_continuation_len
     energy_model = energy_model.to(device)
     blocks = task.load_blocks(split)[: max_prefixes or None]
     g = torch.Generator(device=device).manual_seed(seed)
-    log_z_sampler = JointSampler(lm, length, n, topk=0, energy_batch_size=cfg.energy_batch_size, generator=g)
-    joint_sampler = JointSampler(lm, length, cfg.joint_samples, cfg.joint_topk,
-                                 energy_batch_size=cfg.energy_batch_size, generator=g)
+    log_z_sampler = JointSampler(lm, length, n, topk=0, energy_batch_size=cfg.residual_energy_batch_size, generator=g)
+    joint_sampler = JointSampler(lm, length, cfg.residual_joint_samples, cfg.residual_joint_topk,
+                                 energy_batch_size=cfg.residual_energy_batch_size, generator=g)
     cols: Dict[str, List[torch.Tensor]] = {k: [] for k in ("conts", "lm_lp", "energy", "lower", "upper")}
     for chunk in blocks.split(batch_size):
         chunk = chunk.to(device)
         prefixes = chunk[:, :p]
         conts, energy = log_z_sampler.propose(energy_model, prefixes)
         bounds = [log_z_estimates(energy[:, :k]) for k in ks]
-        if (cfg.joint_samples, cfg.joint_topk) != (n, 0):
+        if (cfg.residual_joint_samples, cfg.residual_joint_topk) != (n, 0):
             conts, energy = joint_sampler.propose(energy_model, prefixes)
         pick = resample(energy, 1, generator=g)  # (B, 1): the joint sample; proposal 0 the base-LM one
         three = torch.cat([chunk[:, None, p:], conts[:, :1], conts.gather(1, pick[..., None].expand(-1, -1, length))],
@@ -101,7 +101,7 @@ def evaluate(task, energy_model, split: str, n: int, batch_size: int, max_prefix
         "by_num_samples": [{"n": k, "joint_ppl_lower": ppl(c["lower"][:, i]), "joint_ppl_upper": ppl(c["upper"][:, i]),
                             "mean_log_z_lower": float(c["lower"][:, i].mean()),
                             "mean_log_z_upper": float(c["upper"][:, i].mean())} for i, k in enumerate(ks)],
-        "joint_samples": cfg.joint_samples, "joint_topk": cfg.joint_topk,
+        "joint_samples": cfg.residual_joint_samples, "joint_topk": cfg.residual_joint_topk,
         "unique_ngram_share": {name: {str(o): {"pooled": unique_ngram_share(s, o),
                                                "per_sequence": unique_ngram_share(s, o, pooled=False)}
                                       for o in NGRAM_ORDERS} for name, s in seqs.items()},

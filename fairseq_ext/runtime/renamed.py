@@ -1,0 +1,125 @@
+"""Old spellings of renamed plugin options, accepted for one more release.
+
+Every option a plugin component declares begins with that component's prefix
+(``--mgs-``, ``--soft-beam-``, ``--residual-``, ``--tagging-``, ``--search-``,
+...); options that mean what fairseq's option of the same name means keep
+fairseq's name (``--label-smoothing``, ``--max-source-positions``, the model
+sizes). A config field that was renamed declares its old flag(s) in its
+metadata, beside its help:
+
+    soft_beam_normalization: ... = field(..., metadata={"help": ..., "deprecated": "--normalization"})
+
+and the old spelling keeps working, in two places:
+
+* on the command line (``rewrite_argv``, called by the plugin's wrapper of
+  fairseq's parser): when the component that owns it is chosen (``--task``,
+  ``--criterion``, ``--arch``), the old flag is read as the new one and the
+  command prints one warning line, e.g.
+  ``fairseq-train: warning: --normalization is deprecated, use --soft-beam-normalization``;
+  with another component the old name means whatever that component means by it
+  (fairseq's wav2vec has its own ``--num-negatives``);
+* in a checkpoint saved before the rename (``upgrade_checkpoint_cfg``, called on
+  every checkpoint fairseq loads): the old key of a plugin component's saved
+  config is moved to the new one, so that fairseq's merge with the config class
+  neither refuses nor silently drops it.
+"""
+import argparse
+import dataclasses
+import os
+import sys
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+DEPRECATED = "deprecated"  # metadata key: the old flag, or a tuple of old flags, of a renamed option
+
+
+def _flag_name(flag: str) -> str:
+    """``--hamming-weights`` -> ``hamming_weights`` (the config key of a flag)."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+def renamed_fields(config: type) -> Dict[str, str]:
+    """{old flag: new field name} of the dataclass ``config``."""
+    out = {}
+    for f in dataclasses.fields(config):
+        old = f.metadata.get(DEPRECATED)
+        for flag in ((old,) if isinstance(old, str) else tuple(old or ())):
+            out[flag] = f.name
+    return out
+
+
+def _chosen(argv: Sequence[str], parser: Optional[argparse.ArgumentParser]) -> argparse.Namespace:
+    """The ``--task``, ``--criterion`` and ``--arch`` that ``argv`` names, or else
+    ``parser``'s defaults (a script's ``get_generation_parser(default_task=...)``)."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flags in (("--task",), ("--criterion",), ("--arch", "-a")):
+        p.add_argument(*flags, default=parser.get_default(flags[0][2:]) if parser is not None else None)
+    return p.parse_known_args([a for a in argv if a not in ("-h", "--help")])[0]
+
+
+def renamed_options(argv: Sequence[str], parser: Optional[argparse.ArgumentParser] = None) -> Dict[str, str]:
+    """{old flag: new flag} of the components ``argv`` (or ``parser``'s defaults) chooses."""
+    from fairseq_ext.runtime.validation import chosen_configs, flag
+
+    out = {}
+    for config in chosen_configs(_chosen(argv, parser)):
+        out.update({old: flag(name) for old, name in renamed_fields(config).items()})
+    return out
+
+
+def rewrite_argv(argv: Sequence[str], parser: Optional[argparse.ArgumentParser] = None, stream=None) -> List[str]:
+    """``argv`` (for fairseq's ``parser``) with the old flags of the chosen components
+    replaced by their new names (``--old VALUE`` and ``--old=VALUE``), and one
+    warning line per old flag written to ``stream`` (stderr)."""
+    renames = renamed_options(argv, parser)
+    if not renames:
+        return list(argv)
+    out, warned = [], set()
+    for arg in argv:
+        if arg == "--":
+            renames = {}  # everything after -- is a value
+        name, eq, value = arg.partition("=")
+        new = renames.get(name) if name.startswith("--") else None
+        if new is None:
+            out.append(arg)
+            continue
+        if name not in warned:
+            warned.add(name)
+            prog = parser.prog if parser is not None else os.path.basename(sys.argv[0] if sys.argv else "") or "python"
+            (stream or sys.stderr).write(f"{prog}: warning: {name} is deprecated, use {new}\n")
+        out.append(new + eq + value)
+    return out
+
+
+def _component_config(section: Mapping, kind: str) -> Optional[type]:
+    from fairseq_ext.runtime.validation import chosen_configs
+
+    name = section.get("_name") if hasattr(section, "get") else None
+    if not isinstance(name, str):
+        return None
+    configs = chosen_configs(argparse.Namespace(**{kind: name}))
+    return configs[0] if configs else None
+
+
+def upgrade_checkpoint_cfg(cfg: Any, overrides: Optional[Mapping[str, Any]] = None) -> Any:
+    """Move the old keys of the plugin components' sections (task, criterion, model)
+    of a checkpoint's ``cfg`` (an OmegaConf DictConfig) to their new names, in place;
+    a key already under its new name is kept. ``overrides`` (fairseq's
+    ``arg_overrides``, which set only keys the checkpoint has) also set the moved
+    keys. Returns ``cfg``."""
+    from omegaconf import open_dict
+
+    if cfg is None or not hasattr(cfg, "get"):
+        return cfg
+    for section_name, kind in (("task", "task"), ("criterion", "criterion"), ("model", "arch")):
+        section = cfg.get(section_name)
+        config = _component_config(section, kind) if section is not None else None
+        if config is None:
+            continue
+        with open_dict(section):
+            for old, new in renamed_fields(config).items():
+                key = _flag_name(old)
+                if key in section and key != new:
+                    value = section.pop(key)
+                    if new not in section:
+                        section[new] = (overrides or {}).get(new, value)
+    return cfg
