@@ -37,12 +37,7 @@ def _run(request, base_path, scratch):
     start, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     pid = os.fork()
     if pid == 0:
-        try:
-            forkserver._run_child(["console", name, args, bin_dir], request.get("cwd", REPO), env, fds, base_path)
-        except SystemExit as e:  # raised by the one-line ConfigError hook, which _run_child calls itself
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-            os._exit(e.code if isinstance(e.code, int) else 1)
+        forkserver._run_child(["console", name, args, bin_dir], request.get("cwd", REPO), env, fds, base_path)
         os._exit(1)
     for fd in fds:
         os.close(fd)

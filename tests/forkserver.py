@@ -143,8 +143,11 @@ def _preload():
         importlib.import_module(module)
     for name in [m for m in sys.modules if m == "fairseq_cli" or m.startswith("fairseq_cli.")]:
         del sys.modules[name]
+    # torch._dynamo (with sympy): torch.optim.Optimizer imports it on first construction, 2-3 s of
+    # every fairseq-train otherwise
     for module in ("sacrebleu", "numpy", "fairseq.models.transformer", "fairseq.models.lstm",
-                   "fairseq.models.transformer_lm", "fairseq.tasks.translation", "fairseq.sequence_generator"):
+                   "fairseq.models.transformer_lm", "fairseq.tasks.translation", "fairseq.sequence_generator",
+                   "torch._dynamo"):
         try:
             importlib.import_module(module)
         except ImportError:
@@ -223,8 +226,11 @@ def _run_child(request, cwd, env, fds, base_path):
         sys.excepthook(*sys.exc_info())
         code = -signal.SIGINT
     except BaseException:
-        sys.excepthook(*sys.exc_info())
-        code = 1
+        try:
+            sys.excepthook(*sys.exc_info())
+            code = 1
+        except SystemExit as e:  # the plugin's hook ends a ConfigError with one line and SystemExit(2)
+            code = e.code if isinstance(e.code, int) else 1
     # the interpreter's own shutdown: join non-daemon threads, then the atexit functions
     try:
         threading._shutdown()
