@@ -1,11 +1,11 @@
 """Runs scripts/score/score.py as a subprocess on hand-written inputs."""
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import REPO, cli_env
 from fairseq_ext.evaluation import comparison
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "score" / "score.py"
@@ -31,9 +31,8 @@ Generate test with beam=5: BLEU4 = 10.00
 
 
 def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], input=stdin, capture_output=True, text=True
-    )
+    return subprocess.run(["python", str(SCRIPT), *args], input=stdin, capture_output=True, text=True, cwd=REPO,
+                          env=cli_env())
 
 
 def test_generate_output_metrics(tmp_path):
@@ -164,13 +163,13 @@ def test_dss_table_columns_per_suffix(tmp_path):
                 (d / f"{split}{mode}.json").write_text(json.dumps({"scheme": "chunk", "f1": f1 + bonus}))
     (tmp_path / "run.s3").mkdir()
     (tmp_path / "run.s3" / "valid.greedy.json").write_text(json.dumps({"scheme": "chunk", "f1": 0.0}))
-    out = subprocess.run([sys.executable, str(table), str(tmp_path), "run", "--suffix", ".greedy", "--suffix", ".soft",
-                          "--markdown"], check=True, capture_output=True, text=True).stdout.splitlines()
+    out = subprocess.run(["python", str(table), str(tmp_path), "run", "--suffix", ".greedy", "--suffix", ".soft",
+                          "--markdown"], check=True, capture_output=True, text=True, env=cli_env()).stdout.splitlines()
     assert out[0] == "| run | greedy dev | greedy test | soft dev | soft test | seeds |"
     assert out[2] == ("| run | 81.00 [80.00, 82.00] | 81.00 [80.00, 82.00] | 82.00 [81.00, 83.00] "
                       "| 82.00 [81.00, 83.00] | 2 |")
-    std = subprocess.run([sys.executable, str(table), str(tmp_path), "run", "--suffix", ".greedy", "--std"],
-                         check=True, capture_output=True, text=True).stdout.splitlines()
+    std = subprocess.run(["python", str(table), str(tmp_path), "run", "--suffix", ".greedy", "--std"],
+                         check=True, capture_output=True, text=True, env=cli_env()).stdout.splitlines()
     assert std[2].split() == ["run", "81.00", "+-", "1.41", "81.00", "+-", "1.41", "2"]  # sample std of 80, 82
 
 
@@ -189,14 +188,14 @@ def test_dss_table_protocol_selects_on_the_tuning_seed(tmp_path):
             (d / f"{split}.json").write_text(json.dumps({"scheme": "chunk", "f1": f1}))
 
     def out(*args):
-        return subprocess.run([sys.executable, str(table), str(tmp_path), "ss", *args], check=True,
-                              capture_output=True, text=True).stdout.splitlines()
+        return subprocess.run(["python", str(table), str(tmp_path), "ss", *args], check=True,
+                              capture_output=True, text=True, env=cli_env()).stdout.splitlines()
 
     assert out("--select") == ["k10"]
     assert out("--select", "--tune-seed", "2") == ["k1"]
     assert out("--select", "--tune-seed", "2", "--prefix", "k10") == ["k10"]
-    proc = subprocess.run([sys.executable, str(table), str(tmp_path), "ss", "--select", "--prefix", "k1_"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(["python", str(table), str(tmp_path), "ss", "--select", "--prefix", "k1_"],
+                          capture_output=True, text=True, env=cli_env())
     assert proc.returncode != 0 and "no scored ss.CONFIG.s1 run" in proc.stderr
     rows = out("--protocol", "--markdown", "--grid")
     # k10: dev 81, 79, 83 -> mean 81, std 2; test 75, 72, 70 -> mean 72.33, std 2.52
@@ -297,8 +296,8 @@ def test_dss_table_welch_p_values_match_t_tables(tmp_path):
             for split in ("valid", "test"):
                 (run / f"{split}.hard.json").write_text(json.dumps({"scheme": "chunk", "f1": f1}))
     script = Path(__file__).resolve().parents[1] / "examples" / "dss" / "table.py"
-    rows = subprocess.run([sys.executable, str(script), str(tmp_path), "ce_ft", "dl", "--suffix", ".hard", "--std",
+    rows = subprocess.run(["python", str(script), str(tmp_path), "ce_ft", "dl", "--suffix", ".hard", "--std",
                            "--control", "ce_ft", "--markdown"], check=True, capture_output=True,
-                          text=True).stdout.splitlines()
+                          text=True, env=cli_env()).stdout.splitlines()
     # t = 2 / sqrt(2/3) = 2.449, df = 4: two-sided p = 0.070
     assert rows[3] == "| dl | 77.00 +- 1.00 | 77.00 +- 1.00 | +2.00, p = 0.07 | 3 |"
