@@ -116,20 +116,20 @@ def test_a_run_stopped_mid_epoch_exits_cleanly(tmp_path):
     --max-update stops a run in the middle of an epoch; without the plugin's exit hook
     (compat.stop_batch_threads_at_exit) this small language model aborted at exit
     with "terminate called without an active exception" (exit 134) after "done
-    training", in every try (6 of 6). Three runs must all exit 0, as real processes (a
-    fork server's child leaves without destroying torch's static objects, so it cannot
-    show the abort)."""
+    training", in every try (6 of 6 with 100 updates, 4 of 4 with 30). Two runs must both
+    exit 0, as real processes (a fork server's child leaves without destroying torch's
+    static objects, so it cannot show the abort)."""
     from fairseq_ext.synthetic import residual
 
     raw = residual.write(str(tmp_path / "raw"), vocab=8, prefix_len=8, continuation_len=5,
                              sizes={"train": 2000, "valid": 50, "test": 50})
     data = toy.binarize_lines(raw, str(tmp_path / "bin"))
-    for i in range(3):
+    for i in range(2):
         proc = run_cli(["fairseq-train", data, "--user-dir", "fairseq_ext", "--task", "language_modeling",
                         "--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16",
                         "--decoder-output-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
                         "--tokens-per-sample", "13", "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "2000",
-                        "--max-update", "100", "--save-dir", str(tmp_path / f"lm{i}"), "--no-epoch-checkpoints",
+                        "--max-update", "30", "--save-dir", str(tmp_path / f"lm{i}"), "--no-epoch-checkpoints",
                         "--disable-validation", "--num-workers", "0", "--seed", "1"],
                        env={"FAIRSEQ_EXT_FORKSERVER": ""})
         assert "done training" in proc.stdout + proc.stderr
