@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= auto
 DEMO_DIR ?= demo_work
 
-.PHONY: test demo bench install clean-venv
+.PHONY: test test-full demo bench install clean-venv
 
 $(VENV)/.stamp-venv:
 	@echo "==> [1/5] creating virtualenv $(VENV)"
@@ -44,9 +44,16 @@ $(VENV)/.stamp-package: $(VENV)/.stamp-fairseq setup.py
 
 install: $(VENV)/.stamp-package
 
+PYTEST := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 test: install
-	@echo "==> running the test suite"
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	@echo "==> running the test suite (the tests marked slow are left out: make test-full)"
+	$(PYTEST) $(PYTEST_ARGS)
+
+# also the tests marked slow (minutes of training each: methods against their controls, recipes end to end)
+test-full: install
+	@echo "==> running the full test suite"
+	FAIRSEQ_EXT_FULL=1 $(PYTEST) $(PYTEST_ARGS)
 
 demo: install
 	@echo "==> running the demo (generated text-completion data, tiny transformer_lm: MLE, continued MLE, MGS)"

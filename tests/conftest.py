@@ -219,17 +219,34 @@ def assert_shards_make_one_run(cmd, shards=2, timeout=600):
 # first, so that no long module starts last (seconds on 2 idle cores; the order matters, not the
 # numbers).
 EXPECTED_SECONDS = {
-    "test_real_data": 125, "test_recipes": 90, "test_distributed": 85, "test_soft_beam": 50, "test_robustness": 40,
-    "test_residual_distinct": 36, "test_mh_sampler": 31, "test_demo": 29, "test_score_script": 28, "test_tagging": 27,
-    "test_option_errors": 25, "test_bench_soft_beam_smoke": 23, "test_dss_exposure_bias": 23, "test_forkserver": 22,
-    "test_mgs_cli": 22, "test_dss": 17, "test_prepare_translation": 17, "test_mgs_distributed": 14,
-    "test_residual_ebm_cli": 14, "test_soft_beam_label_bias": 14, "test_bench_mgs_smoke": 13, "test_mh_core": 11,
-    "test_pg_baseline": 11, "test_cli": 11, "test_estimators": 8, "test_logging": 6, "test_cli_ux": 6,
+    "test_recipes": 180, "test_dss_exposure_bias": 170, "test_real_data": 150, "test_soft_beam": 120,
+    "test_distributed": 95, "test_robustness": 85, "test_residual_distinct": 70, "test_tagging": 65,
+    "test_mh_sampler": 65, "test_demo": 60, "test_bench_soft_beam_smoke": 55, "test_forkserver": 45,
+    "test_prepare_translation": 40, "test_mgs_distributed": 30, "test_option_errors": 30, "test_soft_beam_label_bias": 27,
+    "test_mgs_cli": 26, "test_dss": 25, "test_residual_ebm_cli": 24, "test_bench_mgs_smoke": 24,
+    "test_bench_criteria_smoke": 23, "test_mh_core": 18, "test_estimators": 17, "test_score_script": 16,
+    "test_exact_resume": 15, "test_cli": 14, "test_logging": 11, "test_pg_baseline": 11, "test_mlm_energy_synthetic": 11,
 }
+
+# ---------------------------------------------------------------- the full suite
+# Tests marked ``slow`` take minutes each: a method against its control on a designed task or a real
+# corpus (several trainings to convergence), and the paper-scale recipes end to end. `make test` leaves
+# them out (it stays under 8 minutes on 2 cores); `make test-full` (FAIRSEQ_EXT_FULL=1), CI, and any
+# `-m` expression that names them run them.
+FULL_ENV = "FAIRSEQ_EXT_FULL"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: minutes of training; run by make test-full (FAIRSEQ_EXT_FULL=1)")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    if not os.environ.get(FULL_ENV) and not config.getoption("markexpr", ""):
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
     first_seen = {}
     for i, item in enumerate(items):
         first_seen.setdefault(item.module.__name__, i)

@@ -32,6 +32,7 @@ def demo(tmp_path_factory):
     return work, out, json.loads((work / "table.json").read_text())
 
 
+@pytest.mark.slow
 def test_mgs_fixes_nontermination_against_continued_mle(demo):
     _, out, table = demo
     assert re.search(r"MLE continued \(control\) +[0-9.]+ +[0-9.]+", out) and "nonterm" in out  # the printed table
@@ -40,6 +41,7 @@ def test_mgs_fixes_nontermination_against_continued_mle(demo):
     assert mgs["lm_cost"] < control["lm_cost"], table  # the task loss MGS minimizes
 
 
+@pytest.mark.slow
 def test_rerun_resumes_a_stopped_finetune(demo, tmp_path):
     """Run again after its MGS fine-tune was stopped, the demo skips the finished MLE and control
     trainings and resumes MGS from ckpt_mgs/checkpoint_last.pt (not from the MLE model)."""

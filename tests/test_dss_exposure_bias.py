@@ -176,6 +176,7 @@ def _compounding(scores):
     return 100 * (_late(scores["teacher_forced_by_position"]) - _late(scores["by_position"]))
 
 
+@pytest.mark.slow
 def test_dss_beats_teacher_forcing_where_errors_compound(sums_data, tmp_path):
     ce, dss = [], []
     for seed in SEEDS:

@@ -3,6 +3,7 @@ Multi30k De-En run (prepare -> fairseq-train -> fairseq-generate -> score.py).""
 import json
 import os
 
+import pytest
 import torch
 
 from conftest import run_cli
@@ -34,6 +35,7 @@ def test_wikitext_completion_pairs(real_data, tmp_path):
     assert torch.equal(item["source"][1:], torch.cat([item["prefix"], item["target"][10:-1]]))
 
 
+@pytest.mark.slow
 def test_multi30k_end_to_end(real_data, tmp_path):
     """A small transformer trained for 200 updates of 2,048 tokens (under a minute on
     one core) must clearly beat an untrained one (BLEU ~0; measured: 12.8)."""

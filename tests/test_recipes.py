@@ -92,6 +92,7 @@ def iwslt(real_data, tmp_path_factory):
     return work, proc.stdout, env, args
 
 
+@pytest.mark.slow
 def test_iwslt_prepare_follows_fairseq_recipe(iwslt):
     work, out, _, _ = iwslt
     stats = json.load(open(work / "prep" / "stats.json"))
@@ -109,6 +110,7 @@ def test_iwslt_prepare_follows_fairseq_recipe(iwslt):
     assert (work / "data-bin" / "dict.de.txt").exists() and (work / "data-bin" / "dict.en.txt").exists()
 
 
+@pytest.mark.slow
 def test_iwslt_every_training_stage_trains(iwslt):
     work, _, _, _ = iwslt
     for name in ("mle", "mgs_sbleu", "mrt", "pg", "lstm_ce", "dss", "soft_beam"):
@@ -120,6 +122,7 @@ def test_iwslt_every_training_stage_trains(iwslt):
     assert scores["n_sentences"] == 250  # every test sentence, none dropped by batching
 
 
+@pytest.mark.slow
 def test_iwslt_rerun_skips_finished_stages(iwslt):
     work, _, env, args = iwslt
     start = time.time()
@@ -215,6 +218,7 @@ def wmt(real_data, tmp_path_factory):
     return work, proc.stdout
 
 
+@pytest.mark.slow
 def test_wmt_recipe_end_to_end(wmt):
     work, out = wmt
     stats = json.load(open(work / "prep" / "stats.json"))
@@ -269,6 +273,7 @@ def wikitext(real_data, tmp_path_factory):
     return work, proc.stdout
 
 
+@pytest.mark.slow
 def test_wikitext_recipe_end_to_end(wikitext):
     work, out = wikitext
     stats = json.load(open(work / "data" / "stats.json"))

@@ -23,6 +23,7 @@ def test_generator_and_truth_by_hand(tmp_path):
     assert residual.distinct_share([["a", "b", "a", "c"], ["a", "b"]]) == pytest.approx((0.75 + 1) / 2)
 
 
+@pytest.mark.slow
 def test_joint_model_repairs_what_the_base_lm_gets_wrong(tmp_path):
     """One seed of the recipe, reduced (8 words, 4 distinct per continuation, 2000
     lines, 8 EBM epochs at lr 0.003; about a minute of CPU). Measured with 6 epochs:

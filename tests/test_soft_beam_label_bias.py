@@ -7,6 +7,8 @@ import json
 import os
 import random
 
+import pytest
+
 from conftest import REPO, run_cli
 
 from fairseq_ext.synthetic.label_bias import accuracies, label_bias_sentence, write_label_bias_data
@@ -55,6 +57,7 @@ def gap(work, better="global_ce", worse="local"):
     return acc(better) - acc(worse), acc(better), acc(worse)
 
 
+@pytest.mark.slow
 def test_global_soft_beam_beats_local_on_future_labels(tmp_path):
     """The recipe's small version: CE init, then direct loss with local or global scores
     (same options, same budget), both decoded with the hard beam under their own

@@ -344,6 +344,7 @@ def test_eval_tagging_logs_the_scorers_f1(conll, tmp_path, search):
     assert float(valid[-1]["valid_best_f1"]) == max(float(v["valid_f1"]) for v in valid)
 
 
+@pytest.mark.slow
 def test_real_conll2003_ner(real_data, tmp_path):
     """2000 training sentences, 300 updates of tagging_lstm_ner (about 20 s on one
     core), greedy on the test set: F1 (measured 51) well above the all-O tagger (0)."""
