@@ -22,6 +22,7 @@ import subprocess
 import pytest
 
 from conftest import REPO, cli_env, run_cli, run_cli_batch
+from fairseq_ext.options import plugin_components  # the package import registers them
 from fairseq_ext.synthetic import tiny_models
 
 TRANSFORMER = tiny_models.TINY_ARCHS["transformer"]
@@ -29,13 +30,6 @@ LM_ARCH = ["--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed
            "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2"]
 TRAIN = ["--user-dir", "fairseq_ext", "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "2000", "--max-update",
          "1", "--num-workers", "0", "--seed", "1"]
-
-
-def _components():
-    import fairseq_ext  # noqa: F401
-    from fairseq_ext.options import plugin_components
-
-    return plugin_components()
 
 
 def command(component, data, tmp):
@@ -89,7 +83,7 @@ def constrained():
     """(component, field, constraint) of every plugin option that declares a constraint."""
     from fairseq_ext.runtime.validation import constrained_options
 
-    return [(c, f, k) for c in _components() for f, k in constrained_options(getattr(c.cls, "__dataclass"))]
+    return [(c, f, k) for c in plugin_components() for f, k in constrained_options(getattr(c.cls, "__dataclass"))]
 
 
 def test_every_constrained_option_is_refused_in_one_line(toy_bin, toy_lm_bin, conll, tmp_path):
@@ -127,7 +121,7 @@ def test_each_option_names_a_real_core_parameter():
     from fairseq_ext.runtime.validation import PARAMETER, option_constraint
 
     links = 0
-    for component in _components():
+    for component in plugin_components():
         for f in dataclasses.fields(getattr(component.cls, "__dataclass")):
             if PARAMETER not in f.metadata:
                 continue

@@ -11,6 +11,7 @@ import io
 import torch
 
 from conftest import run_cli_batch
+from fairseq_ext.options import plugin_components  # the package import registers them
 
 # The prefix of each plugin component's own options (the naming rule itself).
 PREFIXES = {
@@ -30,13 +31,6 @@ PREFIXES = {
     ("model", "residual_energy"): ("energy-", "encoder-"),
     ("model", "tagging_lstm"): ("encoder-", "decoder-"),
 }
-
-
-def _components():
-    import fairseq_ext  # noqa: F401
-    from fairseq_ext.options import plugin_components
-
-    return plugin_components()
 
 
 def _fairseq_field_names():
@@ -68,7 +62,7 @@ def renamed():
     from fairseq_ext.runtime.renamed import renamed_fields
 
     out = []
-    for c in _components():
+    for c in plugin_components():
         config = getattr(c.cls, "__dataclass")
         fields = {f.name: f for f in dataclasses.fields(config)}
         out += [(c, fields[name], old) for old, name in renamed_fields(config).items()]
@@ -80,7 +74,7 @@ def test_every_plugin_option_has_its_component_prefix_or_a_fairseq_name():
 
     fairseq_names = _fairseq_field_names()
     checked, wrong = 0, []
-    for c in _components():
+    for c in plugin_components():
         prefixes = PREFIXES.get((c.kind, c.name))
         assert prefixes is not None, f"no prefix declared for the {c.kind} {c.name}: add it to PREFIXES"
         for f in _own_fields(c):
