@@ -1,5 +1,5 @@
 """List every option of the plugin's criterions, tasks and models (the generators
-are configured through their tasks), with its default and help:
+are configured through their tasks), with its default, its declared rule and help:
 
     python -m fairseq_ext.options                 # every plugin component
     python -m fairseq_ext.options mgs text_completion tagging_lstm_ner
@@ -31,6 +31,7 @@ class Option(NamedTuple):
     choices: Optional[Sequence]
     help: str
     declared_by: str  # the config class that declares the field, e.g. "MGSConfig"
+    rule: str = ""  # the declared constraint, completing "must be ..." ("> 0"), or ""
 
 
 def _is_plugin(cls: type) -> bool:
@@ -54,11 +55,14 @@ def plugin_components() -> List[Component]:
 def _option(action: argparse.Action, config) -> Option:
     """``action``'s option, with the default and declaring class of the field of ``config`` (a
     dataclass instance) it comes from (a model's ``add_args`` leaves the parser's defaults unset)."""
+    from fairseq_ext.runtime.validation import option_constraint
+
     for klass in (type(config).__mro__ if config is not None else ()):
         if action.dest in vars(klass).get("__annotations__", {}):
             default = config._get_default(action.dest)
+            constraint = option_constraint(config.__dataclass_fields__[action.dest])
             return Option(tuple(action.option_strings) or (action.dest,), default, action.choices, action.help or "",
-                          klass.__name__)
+                          klass.__name__, constraint.rule() if constraint is not None else "")
     return Option(tuple(action.option_strings) or (action.dest,), action.default, action.choices, action.help or "", "")
 
 
@@ -86,7 +90,8 @@ def format_component(component: Component) -> str:
             group = o.declared_by
             lines.append(f"  {group or 'other'}:")
         choices = f" {{{','.join(map(str, o.choices))}}}" if o.choices else ""
-        lines.append(f"    {', '.join(o.flags)}{choices}  (default: {o.default})")
+        rule = f"; must be {o.rule}" if o.rule and not o.choices else ""  # a choice list says it already
+        lines.append(f"    {', '.join(o.flags)}{choices}  (default: {o.default}{rule})")
         if o.help:
             lines.append(f"        {o.help}")
     return "\n".join(lines)

@@ -127,16 +127,20 @@ def test_options_lists_every_field_of_every_plugin_component():
     assert "RuntimeWarning" not in proc.stderr  # python -m on a module the package imports warns
 
 
-def test_options_shows_default_and_help(capsys):
+def test_options_shows_default_rule_and_help(capsys):
     from fairseq_ext import options
 
     options.main(["mgs", "tagging_lstm_ner"])
     out = capsys.readouterr().out
     assert "--criterion mgs  [fairseq_ext.criterions.mgs]" in out
-    assert "    --mgs-alpha  (default: 1.0)\n        alpha, temperature of the candidate weights (eq. 2)" in out
-    assert "    --mgs-decoder {greedy,sample,beam}  (default: greedy)" in out
+    assert ("    --mgs-alpha  (default: 1.0; must be > 0)\n"
+            "        alpha, temperature of the candidate weights (eq. 2)") in out
+    assert "    --mgs-mixture  (default: 0.5; must be in [0, 1])\n" in out
+    assert "    --mgs-candidates  (default: 4; must be >= 1)\n" in out  # the core's rule (ProposalConfig)
+    assert "    --mgs-decoder {greedy,sample,beam}  (default: greedy)\n" in out
+    assert "    --mgs-alternate  (default: False)\n" in out  # no rule
     assert "--arch tagging_lstm, tagging_lstm_ner, tagging_lstm_pos, tagging_lstm_tiny  (model tagging_lstm)" in out
-    assert "    --encoder-hidden-size  (default: 64)" in out
+    assert "    --encoder-hidden-size  (default: 64; must be >= 1)\n" in out
     assert "--task" not in out
     with pytest.raises(SystemExit) as e:
         options.main(["mgs", "nosuch"])

@@ -49,6 +49,10 @@ class Constraint:
     def problem(self, value: Any) -> Optional[str]:
         raise NotImplementedError
 
+    def rule(self) -> str:
+        """What the value must be, completing "must be ..." (``> 0``, ``in [0, 1]``)."""
+        raise NotImplementedError
+
 
 def _shown(value: Any) -> str:
     """``value`` as a problem shows it (braces doubled: ``{name}`` in a problem is a parameter)."""
@@ -79,6 +83,9 @@ class Range(Constraint):
     def problem(self, value: Any) -> Optional[str]:
         return None if self.holds(value) else f"must be {self.text()}, got {_shown(value)}"
 
+    def rule(self) -> str:
+        return self.text()
+
     def __repr__(self) -> str:
         return f"Range({self.text()})"
 
@@ -105,7 +112,10 @@ class OneOf(Constraint):
         self.choices = tuple(choices)
 
     def problem(self, value: Any) -> Optional[str]:
-        return None if value in self.choices else f"must be one of {self.choices}, got {_shown(value)}"
+        return None if value in self.choices else f"must be {self.rule()}, got {_shown(value)}"
+
+    def rule(self) -> str:
+        return f"one of {self.choices}"
 
     def __repr__(self) -> str:
         return f"OneOf{self.choices}"
@@ -120,6 +130,9 @@ class Rule(Constraint):
 
     def problem(self, value: Any) -> Optional[str]:
         return None if self.test(value) else f"must be {self.text}, got {_shown(value)}"
+
+    def rule(self) -> str:
+        return self.text
 
     def __repr__(self) -> str:
         return f"Rule({self.text})"
