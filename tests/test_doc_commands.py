@@ -1,0 +1,216 @@
+"""Every command the docs show parses: the code blocks (fenced or indented) of the
+README, docs/*.md and examples/README.md are read, and each command that starts
+with ``fairseq-train``, ``fairseq-generate``, ``python -m fairseq_ext...``,
+``python scripts/...`` or ``bash examples/...`` is checked as a user would run it,
+without training: fairseq's parser with the plugin loaded takes every option of a
+fairseq command (a renamed option or a typo on a page fails here), the options
+listing knows every name it is given, and a script or recipe the page names exists.
+
+Shell syntax is read as far as the pages use it: ``\\`` continuations, variables
+set earlier in the same block (``T="--task ..."``; others become a placeholder
+word), and a command ends at ``|``, ``>``, ``&&``, ``;`` or ``#``. ``...`` stands
+for options the page leaves out: such a fragment may leave out the architecture
+(its options are parsed with fairseq's transformer), a whole command may not."""
+import contextlib
+import glob
+import io
+import os
+import re
+import shlex
+from typing import Dict, Iterator, List, NamedTuple
+
+import pytest
+
+from conftest import REPO
+
+PAGES = ["README.md", "examples/README.md"] + sorted(os.path.relpath(p, REPO)
+                                                    for p in glob.glob(os.path.join(REPO, "docs", "*.md")))
+STARTS = ("fairseq-train", "fairseq-generate", "python -m fairseq_ext", "python scripts/", "bash examples/")
+ENDS = {"|", ">", ">>", "2>", "&&", "||", ";", "&"}
+PLACEHOLDER = "X"
+
+
+class Command(NamedTuple):
+    page: str
+    line: int
+    words: List[str]
+    elided: bool = False  # the page wrote ... for options it leaves out
+
+    def __str__(self):
+        return f"{self.page}:{self.line}: {' '.join(self.words)}"
+
+
+def code_blocks(text: str) -> Iterator[List[tuple]]:
+    """The code blocks of a markdown page, each as a list of (line number, line)."""
+    block, fenced, lines = [], False, text.splitlines()
+    for i, line in enumerate(lines, 1):
+        if line.lstrip().startswith("```"):
+            if fenced:
+                yield block
+                block = []
+            fenced = not fenced
+            continue
+        if fenced:
+            block.append((i, line))
+        elif line.startswith("    ") and (block or not lines[i - 2].strip() or lines[i - 2].startswith("    ")):
+            block.append((i, line[4:]))
+        elif block and not line.strip():
+            block.append((i, ""))
+        elif block:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+VARIABLE = r"\$\{?(\w+)(?:\[@\])?\}?"  # $NAME, ${NAME}, ${NAME[@]} (a bash array)
+
+
+def _expand(word: str, variables: Dict[str, str]) -> List[str]:
+    """A word with its variables replaced: a variable set in the block splits into its
+    words when it is the whole word; any other becomes the placeholder."""
+    whole = re.fullmatch(VARIABLE, word)
+    if whole and whole.group(1) in variables:
+        return shlex.split(variables[whole.group(1)])
+    return [re.sub(VARIABLE, lambda m: variables.get(m.group(1), PLACEHOLDER), word)]
+
+
+def commands(page: str, text: str = None) -> Iterator[Command]:
+    """The commands of ``page`` (its ``text`` when given, else the file in the repository)."""
+    if text is None:
+        with open(os.path.join(REPO, page), encoding="utf-8") as f:
+            text = f.read()
+    for block in code_blocks(text):
+        variables: Dict[str, str] = {}
+        joined, start = "", None
+        for number, line in block + [(0, "")]:
+            if start is None:
+                start = number
+            joined += line.rstrip()
+            if joined.endswith("\\"):
+                joined = joined[:-1] + " "
+                continue
+            source, joined, first = joined.strip(), "", start
+            start = None
+            assignment = re.fullmatch(r"(\w+)=(.*)", source)
+            if assignment:
+                value = assignment.group(2)
+                if value.startswith("(") and value.endswith(")"):  # a bash array
+                    value = value[1:-1]
+                try:
+                    variables[assignment.group(1)] = " ".join(shlex.split(value))
+                except ValueError:
+                    pass
+                continue
+            if not source.startswith(STARTS) or source.split()[0].endswith(":"):  # an error line it shows
+                continue
+            try:
+                lexer = shlex.shlex(source, posix=True, punctuation_chars="|&;<>")
+                lexer.whitespace_split = True
+                lexer.commenters = "#"
+                tokens = list(lexer)
+            except ValueError:
+                raise AssertionError(f"{page}:{first}: cannot read {source!r} as a shell command")
+            words, elided = [], "..." in tokens
+            for i, token in enumerate(tokens):
+                redirect = (token.isdigit() and i + 1 < len(tokens) and tokens[i + 1].startswith((">", "<"))
+                            and re.search(rf"(?<!\S){token}[<>]", source))  # 2>&1, not "--beam 3 > out"
+                if token in ENDS or token.startswith((">", "<", "|")) or redirect:
+                    break
+                if token != "...":
+                    words += _expand(token, variables)
+            yield Command(page, first, words, elided)
+
+
+def all_commands() -> List[Command]:
+    return [c for page in PAGES for c in commands(page)]
+
+
+def _parse(command: Command) -> str:
+    """fairseq's parse of a fairseq command with the plugin loaded, in this process;
+    returns what went wrong ("" when it parsed)."""
+    from fairseq import options
+
+    import fairseq_ext  # noqa: F401
+
+    program, argv = command.words[0], list(command.words[1:])
+    if "--user-dir" in argv:  # as the page runs it, from the repository root
+        at = argv.index("--user-dir") + 1
+        argv[at] = os.path.join(REPO, argv[at])
+    else:
+        argv += ["--user-dir", os.path.join(REPO, "fairseq_ext")]
+    if program == "fairseq-train" and not {"--arch", "-a", "--help", "-h"} & set(argv):
+        if not command.elided:
+            return "no --arch: fairseq-train needs one (spell the architecture out on the page)"
+        lm = {"text_completion", "language_modeling"} & set(argv)
+        argv = argv + ["--arch", "transformer_lm" if lm else "transformer"]  # a fragment: its options still parse
+    parser = options.get_training_parser() if program == "fairseq-train" else options.get_generation_parser()
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            options.parse_args_and_arch(parser, argv)
+    except SystemExit as e:
+        if e.code == 0 and ("--help" in argv or "-h" in argv):
+            return ""
+        lines = [line for line in err.getvalue().splitlines() if "error" in line]
+        if lines and re.search(rf"invalid (\w+ value|choice): '{PLACEHOLDER}'", lines[-1]):
+            return ""  # the value is a shell variable on the page; the option itself is known
+        return lines[-1] if lines else f"exit {e.code}"
+    except Exception as e:  # a ConfigError of a declared rule, fairseq's own checks
+        return f"{type(e).__name__}: {e}"
+    deprecated = [line for line in err.getvalue().splitlines() if "is deprecated" in line]
+    return deprecated[0] if deprecated else ""
+
+
+def check(command: Command) -> str:
+    program = command.words[0]
+    if program in ("fairseq-train", "fairseq-generate"):
+        return _parse(command)
+    if program == "bash":
+        script = command.words[1]
+        return "" if os.path.isfile(os.path.join(REPO, script)) else f"no such recipe {script}"
+    if command.words[1] == "-m":
+        if command.words[2] == "fairseq_ext.options":
+            from fairseq_ext import options
+
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                try:
+                    options.main([w for w in command.words[3:] if w != PLACEHOLDER])
+                except SystemExit as e:
+                    return f"python -m fairseq_ext.options: exit {e.code}"
+            return ""
+        module = command.words[2]
+        path = os.path.join(REPO, *module.split("."))
+        return "" if os.path.isfile(path + ".py") or os.path.isdir(path) else f"no such module {module}"
+    script = command.words[1]
+    return "" if os.path.isfile(os.path.join(REPO, script)) else f"no such script {script}"
+
+
+def test_the_pages_show_commands():
+    found = all_commands()
+    by_program = {c.words[0] for c in found}
+    assert {"fairseq-train", "fairseq-generate", "python", "bash"} <= by_program
+    assert sum(c.words[0].startswith("fairseq-") for c in found) >= 35
+
+
+def test_reader_splits_continuations_and_variables():
+    page = ("Text.\n\n    T=\"--task residual_lm --residual-prefix-len 8\"\n"
+            "    fairseq-train bin $T --arch residual_energy \\\n      --save-dir $W/ebm ... | tee log\n\n"
+            "```\nfairseq-generate bin --path ck.pt --beam 3 > out  # greedy\nls\n```\n"
+            "and in text `fairseq-train nothing`\n")
+    found = list(commands("page.md", page))
+    assert [(c.line, c.words) for c in found] == [
+        (4, ["fairseq-train", "bin", "--task", "residual_lm", "--residual-prefix-len", "8", "--arch",
+             "residual_energy", "--save-dir", "X/ebm"]),
+        (8, ["fairseq-generate", "bin", "--path", "ck.pt", "--beam", "3"])]
+    assert check(found[0]) == "" and check(found[1]) == ""
+    assert check(Command("p", 1, ["fairseq-train", "bin", "--arch", "lstm", "--mgs-alpha", "1"])).endswith(
+        "unrecognized arguments: --mgs-alpha 1")  # the option of a criterion not chosen
+    assert "is deprecated" in check(Command("p", 1, ["fairseq-train", "bin", "--task", "sequence_tagging",
+                                                      "--arch", "tagging_lstm_tiny", "--tag-column", "ner"]))
+
+
+@pytest.mark.parametrize("command", all_commands(), ids=str)
+def test_documented_command_parses(command):
+    problem = check(command)
+    assert not problem, f"{command}\n  -> {problem}"
