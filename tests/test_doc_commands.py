@@ -8,9 +8,11 @@ listing knows every name it is given, and a script or recipe the page names exis
 
 Shell syntax is read as far as the pages use it: ``\\`` continuations, variables
 set earlier in the same block (``T="--task ..."``; others become a placeholder
-word), and a command ends at ``|``, ``>``, ``&&``, ``;`` or ``#``. ``...`` stands
-for options the page leaves out: such a fragment may leave out the architecture
-(its options are parsed with fairseq's transformer), a whole command may not."""
+word), environment settings before a command (``DATA=d MLE=m bash ...``), files
+written by an earlier line of the block, and a command ends at ``|``, ``>``, ``&&``,
+``;`` or ``#``. ``...`` stands for options the page leaves out: such a fragment may
+leave out the architecture (its options are parsed with fairseq's transformer), a
+whole command may not."""
 import contextlib
 import glob
 import io
@@ -35,6 +37,7 @@ class Command(NamedTuple):
     line: int
     words: List[str]
     elided: bool = False  # the page wrote ... for options it leaves out
+    written: frozenset = frozenset()  # files the block's earlier lines write (``git show ... > FILE``)
 
     def __str__(self):
         return f"{self.page}:{self.line}: {' '.join(self.words)}"
@@ -82,6 +85,7 @@ def commands(page: str, text: str = None) -> Iterator[Command]:
             text = f.read()
     for block in code_blocks(text):
         variables: Dict[str, str] = {}
+        written = set()
         joined, start = "", None
         for number, line in block + [(0, "")]:
             if start is None:
@@ -92,6 +96,9 @@ def commands(page: str, text: str = None) -> Iterator[Command]:
                 continue
             source, joined, first = joined.strip(), "", start
             start = None
+            prefix = re.match(r"(?:\w+=\S+\s+)+", source)  # NAME=VALUE ... COMMAND: the command's environment
+            if prefix and source[prefix.end():].startswith(STARTS):
+                source = source[prefix.end():]
             assignment = re.fullmatch(r"(\w+)=(.*)", source)
             if assignment:
                 value = assignment.group(2)
@@ -102,6 +109,7 @@ def commands(page: str, text: str = None) -> Iterator[Command]:
                 except ValueError:
                     pass
                 continue
+            written.update(re.findall(r">\s*([\w./-]+)", source))
             if not source.startswith(STARTS) or source.split()[0].endswith(":"):  # an error line it shows
                 continue
             try:
@@ -119,7 +127,7 @@ def commands(page: str, text: str = None) -> Iterator[Command]:
                     break
                 if token != "...":
                     words += _expand(token, variables)
-            yield Command(page, first, words, elided)
+            yield Command(page, first, words, elided, frozenset(written))
 
 
 def all_commands() -> List[Command]:
@@ -168,7 +176,8 @@ def check(command: Command) -> str:
         return _parse(command)
     if program == "bash":
         script = command.words[1]
-        return "" if os.path.isfile(os.path.join(REPO, script)) else f"no such recipe {script}"
+        known = os.path.isfile(os.path.join(REPO, script)) or script in command.written
+        return "" if known else f"no such recipe {script}"
     if command.words[1] == "-m":
         if command.words[2] == "fairseq_ext.options":
             from fairseq_ext import options
