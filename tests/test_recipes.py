@@ -123,6 +123,29 @@ def test_iwslt_every_training_stage_trains(iwslt):
 
 
 @pytest.mark.slow
+def test_iwslt_fine_tunes_the_users_data_and_checkpoints(iwslt, tmp_path):
+    """DATA=, MLE= and LSTM_CE= (a user's binarized data and trained models): the stages
+    that would make them say so and make nothing, the fine-tuning stages start from the
+    given checkpoints, and score decodes them."""
+    work, _, env, _ = iwslt
+    mine = tmp_path / "work"
+    given = {"DATA": work / "data-bin", "MLE": work / "mle" / "checkpoint_last.pt",
+             "LSTM_CE": work / "lstm_ce" / "checkpoint_last.pt"}
+    env = dict(env, MODELS="mle mgs_sbleu soft_beam", **{k: str(v) for k, v in given.items()})
+    stages = ["download", "prepare", "binarize", "mle", "mgs_sbleu", "lstm_ce", "soft_beam", "score"]
+    out = recipe(IWSLT, mine, *[a for name in stages for a in ("--stage", name)], env=env).stdout
+    assert out.count(f"# DATA={given['DATA']} given: nothing to make") == 3
+    assert f"# MLE={given['MLE']} given: nothing to make" in out
+    assert f"# LSTM_CE={given['LSTM_CE']} given: nothing to make" in out
+    assert not any((mine / d).exists() for d in ("orig", "prep", "data-bin", "mle", "lstm_ce"))
+    for name, start in (("mgs_sbleu", given["MLE"]), ("soft_beam", given["LSTM_CE"])):
+        assert (mine / name / "checkpoint_last.pt").exists(), name
+        assert f"'finetune_from_model': '{start}'" in open(mine / "logs" / f"{name}.log").read(), name
+    scores = json.load(open(mine / "gen" / "mle.test.beam5.json"))
+    assert scores["n_sentences"] == 250
+
+
+@pytest.mark.slow
 def test_iwslt_rerun_skips_finished_stages(iwslt):
     work, _, env, args = iwslt
     start = time.time()

@@ -18,6 +18,10 @@
 #
 # usage: examples/mgs/iwslt14_de_en.sh WORK_DIR [--stage NAME]... [--from NAME] [--to NAME]
 #                                      [--force] [--dry-run] [--list]
+# your own data and models: DATA (a binarized fairseq translation directory: download, prepare and
+#      binarize have nothing to make), MLE (a trained transformer checkpoint: the mle stage has nothing
+#      to make and the fine-tuning stages start from it), LSTM_CE (a trained LSTM checkpoint: likewise
+#      for lstm_ce and soft_beam); score decodes them as mle and lstm_ce
 # env: IWSLT_RAW (the extracted de-en/ directory: skips the download), BPE_TOKENS (10000),
 #      MLE_EPOCHS (60), FT_EPOCHS (20), LSTM_EPOCHS (20), MODELS (what score scores: all
 #      trained), SPLITS ("valid test"), NGPU (GPUs; default from CUDA_VISIBLE_DEVICES /
@@ -27,7 +31,7 @@
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
 STAGES=(download prepare binarize mle mgs_sbleu mgs_edit mrt pg lstm_ce dss soft_beam score)
-PATH_VARS=(IWSLT_RAW)
+PATH_VARS=(IWSLT_RAW DATA MLE LSTM_CE)
 recipe_args "$@"
 URL=${IWSLT_URL:-http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz}
 BPE_TOKENS=${BPE_TOKENS:-10000}
@@ -36,35 +40,53 @@ FT_EPOCHS=${FT_EPOCHS:-20}
 LSTM_EPOCHS=${LSTM_EPOCHS:-20}
 SPLITS=${SPLITS:-valid test}
 ORIG=$WORK/orig/de-en
-DATA=$WORK/data-bin
+DATA_GIVEN=${DATA:+1}
+DATA=${DATA:-$WORK/data-bin}
+MLE=${MLE:-$WORK/mle/checkpoint_best.pt}
+LSTM_CE=${LSTM_CE:-$WORK/lstm_ce/checkpoint_best.pt}
+given() {  # VAR: the user gave it: the stage has nothing to make
+  echo "# $1=${!1} given: nothing to make"
+}
 
 if stage download; then
-  if [ -n "${IWSLT_RAW:-}" ]; then
-    run mkdir -p "$WORK/orig"
-    run ln -sfn "$IWSLT_RAW" "$ORIG"
+  if [ -n "$DATA_GIVEN" ]; then
+    given DATA
   else
-    run mkdir -p "$WORK/orig"
-    run wget -nv -O "$WORK/orig/de-en.tgz" "$URL"
-    run tar -xzf "$WORK/orig/de-en.tgz" -C "$WORK/orig"
+    if [ -n "${IWSLT_RAW:-}" ]; then
+      run mkdir -p "$WORK/orig"
+      run ln -sfn "$IWSLT_RAW" "$ORIG"
+    else
+      run mkdir -p "$WORK/orig"
+      run wget -nv -O "$WORK/orig/de-en.tgz" "$URL"
+      run tar -xzf "$WORK/orig/de-en.tgz" -C "$WORK/orig"
+    fi
   fi
   stage_done download
 fi
 
 if stage prepare; then
-  run "$PYTHON" scripts/prepare/prepare_translation.py "$WORK/prep" --src de --tgt en \
-    --train "$ORIG/train.tags.de-en.{l}" --iwslt-tags --valid-every 23 \
-    --test "$ORIG/IWSLT14.TED.dev2010.de-en.{l}.xml" "$ORIG/IWSLT14.TEDX.dev2012.de-en.{l}.xml" \
-    "$ORIG/IWSLT14.TED.tst2010.de-en.{l}.xml" "$ORIG/IWSLT14.TED.tst2011.de-en.{l}.xml" \
-    "$ORIG/IWSLT14.TED.tst2012.de-en.{l}.xml" \
-    --lowercase --min-len 1 --max-len 175 --ratio 1.5 --bpe-tokens "$BPE_TOKENS" --workers "$WORKERS"
+  if [ -n "$DATA_GIVEN" ]; then
+    given DATA
+  else
+    run "$PYTHON" scripts/prepare/prepare_translation.py "$WORK/prep" --src de --tgt en \
+      --train "$ORIG/train.tags.de-en.{l}" --iwslt-tags --valid-every 23 \
+      --test "$ORIG/IWSLT14.TED.dev2010.de-en.{l}.xml" "$ORIG/IWSLT14.TEDX.dev2012.de-en.{l}.xml" \
+      "$ORIG/IWSLT14.TED.tst2010.de-en.{l}.xml" "$ORIG/IWSLT14.TED.tst2011.de-en.{l}.xml" \
+      "$ORIG/IWSLT14.TED.tst2012.de-en.{l}.xml" \
+      --lowercase --min-len 1 --max-len 175 --ratio 1.5 --bpe-tokens "$BPE_TOKENS" --workers "$WORKERS"
+  fi
   stage_done prepare
 fi
 
 if stage binarize; then
-  run rm -rf "$DATA"
-  run_log "$WORK/logs/binarize.log" fairseq-preprocess --source-lang de --target-lang en \
-    --trainpref "$WORK/prep/train" --validpref "$WORK/prep/valid" --testpref "$WORK/prep/test" \
-    --destdir "$DATA" --workers "$WORKERS"
+  if [ -n "$DATA_GIVEN" ]; then
+    given DATA
+  else
+    run rm -rf "$DATA"
+    run_log "$WORK/logs/binarize.log" fairseq-preprocess --source-lang de --target-lang en \
+      --trainpref "$WORK/prep/train" --validpref "$WORK/prep/valid" --testpref "$WORK/prep/test" \
+      --destdir "$DATA" --workers "$WORKERS"
+  fi
   stage_done binarize
 fi
 
@@ -75,10 +97,14 @@ TRANSFORMER=(--arch transformer_iwslt_de_en --share-decoder-input-output-embed -
 BLEU_VALID=(--eval-bleu --eval-bleu-args '{"beam": 5, "max_len_a": 1.2, "max_len_b": 10}' --eval-bleu-detok moses
   --eval-bleu-remove-bpe --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
 if stage mle; then
-  # shellcheck disable=SC2086
-  train mle "$DATA" "${TRANSFORMER[@]}" "${BLEU_VALID[@]}" --criterion label_smoothed_cross_entropy \
-    --label-smoothing 0.1 --max-tokens 4096 --update-freq "$(update_freq 1)" --max-epoch "$MLE_EPOCHS" \
-    ${EXTRA_TRANSFORMER:-}
+  if [ "$MLE" != "$WORK/mle/checkpoint_best.pt" ]; then
+    given MLE
+  else
+    # shellcheck disable=SC2086
+    train mle "$DATA" "${TRANSFORMER[@]}" "${BLEU_VALID[@]}" --criterion label_smoothed_cross_entropy \
+      --label-smoothing 0.1 --max-tokens 4096 --update-freq "$(update_freq 1)" --max-epoch "$MLE_EPOCHS" \
+      ${EXTRA_TRANSFORMER:-}
+  fi
   stage_done mle
 fi
 
@@ -86,22 +112,22 @@ fi
 finetune() {  # STAGE batch and criterion options...
   local name=$1; shift
   # shellcheck disable=SC2086
-  train "$name" "$DATA" "${TRANSFORMER[@]}" "${BLEU_VALID[@]}" --finetune-from-model "$WORK/mle/checkpoint_best.pt" \
+  train "$name" "$DATA" "${TRANSFORMER[@]}" "${BLEU_VALID[@]}" --finetune-from-model "$MLE" \
     --max-epoch "$FT_EPOCHS" "$@" ${EXTRA_TRANSFORMER:-}
 }
 # MGS searches once per micro-batch with costs pooled over the GPUs (docs/distributed.md): 16k
 # tokens over all GPUs and update-freq 4 are the paper's four 16k-token searches per update
 MGS=(--max-tokens $((16000 / (NGPU > 1 ? NGPU : 1))) --update-freq 4 --criterion mgs --mgs-candidates 4
-  --mgs-alpha 100 --mgs-noise 1.0 --mgs-post-process subword_nmt)
+  --mgs-alpha 100 --mgs-noise 1.0)
 RISK=(--max-tokens 16000 --update-freq "$(update_freq 4)")  # MRT / PG losses are sums: 64k tokens per update
 if stage mgs_sbleu; then finetune mgs_sbleu "${MGS[@]}" --mgs-task-loss sbleu; stage_done mgs_sbleu; fi
 if stage mgs_edit; then finetune mgs_edit "${MGS[@]}" --mgs-task-loss edit; stage_done mgs_edit; fi
 if stage mrt; then
-  finetune mrt "${RISK[@]}" --criterion mrt --mrt-task-loss sbleu --mrt-candidates 4 --mrt-post-process subword_nmt
+  finetune mrt "${RISK[@]}" --criterion mrt --mrt-task-loss sbleu --mrt-candidates 4
   stage_done mrt
 fi
 if stage pg; then
-  finetune pg "${RISK[@]}" --criterion pg --pg-task-loss sbleu --pg-samples 4 --pg-post-process subword_nmt
+  finetune pg "${RISK[@]}" --criterion pg --pg-task-loss sbleu --pg-samples 4
   stage_done pg
 fi
 
@@ -112,9 +138,13 @@ LSTM=(--arch lstm --encoder-layers 1 --decoder-layers 1 --encoder-bidirectional 
   --dropout 0.2 --optimizer adam --lr 0.001 --clip-norm 1.0 --max-tokens 4096 --update-freq "$(update_freq 1)"
   "${BLEU_VALID[@]}")
 if stage lstm_ce; then
-  # shellcheck disable=SC2086
-  train lstm_ce "$DATA" "${LSTM[@]}" --criterion differentiable_scheduled_sampling --dss-warmup 1e12 \
-    --max-epoch "$LSTM_EPOCHS" ${EXTRA_LSTM:-}
+  if [ "$LSTM_CE" != "$WORK/lstm_ce/checkpoint_best.pt" ]; then
+    given LSTM_CE
+  else
+    # shellcheck disable=SC2086
+    train lstm_ce "$DATA" "${LSTM[@]}" --criterion differentiable_scheduled_sampling --dss-warmup 1e12 \
+      --max-epoch "$LSTM_EPOCHS" ${EXTRA_LSTM:-}
+  fi
   stage_done lstm_ce
 fi
 if stage dss; then
@@ -128,18 +158,21 @@ fi
 if stage soft_beam; then
   # chapter 4: fine-tune the CE model through the relaxed beam (k = 3), alpha annealed 1 -> 100
   # shellcheck disable=SC2086
-  train soft_beam "$DATA" "${LSTM[@]}" --finetune-from-model "$WORK/lstm_ce/checkpoint_best.pt" \
+  train soft_beam "$DATA" "${LSTM[@]}" --finetune-from-model "$LSTM_CE" \
     --criterion soft_beam_direct_loss --soft-beam-size 3 --soft-beam-alpha 1 \
     --soft-beam-alpha-schedule exponential --soft-beam-alpha-final 100 --soft-beam-alpha-updates 4000 \
     --soft-beam-normalization local --max-epoch "$FT_EPOCHS" ${EXTRA_LSTM:-}
   stage_done soft_beam
 fi
 
+checkpoint() {  # MODEL -> the checkpoint the score stage decodes (MLE= / LSTM_CE= where given)
+  case $1 in mle) echo "$MLE" ;; lstm_ce) echo "$LSTM_CE" ;; *) echo "$WORK/$1/checkpoint_best.pt" ;; esac
+}
 if stage score; then
   models=${MODELS:-}
   if [ -z "$models" ]; then
     for m in mle mgs_sbleu mgs_edit mrt pg lstm_ce dss soft_beam; do
-      [ "$DRY_RUN" = 1 ] || [ -s "$WORK/$m/checkpoint_best.pt" ] && models+=" $m"
+      [ "$DRY_RUN" = 1 ] || [ -s "$(checkpoint "$m")" ] && models+=" $m"
     done
   fi
   rows=()
@@ -148,7 +181,7 @@ if stage score; then
       for beam in 5 1; do
         out=$WORK/gen/$m.$split.beam$beam
         run_log "$out.txt" fairseq-generate "$DATA" --user-dir fairseq_ext "${GEN_DEVICE[@]}" \
-          --path "$WORK/$m/checkpoint_best.pt" --gen-subset "$split" --beam "$beam" --batch-size 128 \
+          --path "$(checkpoint "$m")" --gen-subset "$split" --beam "$beam" --batch-size 128 \
           --required-batch-size-multiple 1 --remove-bpe --max-len-a 1.2 --max-len-b 10
         run_log "$out.score" "$PYTHON" scripts/score/score.py "$out.txt" --json "$out.json"
         rows+=("$m/$split/beam$beam=$out.json")
