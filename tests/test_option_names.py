@@ -149,7 +149,8 @@ def test_old_spelling_belongs_to_its_component_only():
     parser = options.get_training_parser()
     for argv in (["d", "--task", "audio_pretraining", "--arch", "wav2vec2", "--num-negatives", "3"],
                  ["d", "--task", "translation", "--criterion", "mgs", "--normalization", "global"],
-                 ["d", "--task", "sequence_tagging", "--", "--cache-dir", "x"]):
+                 ["d", "--task", "sequence_tagging", "--", "--cache-dir", "x"],
+                 ["d", "--cache-dir", "x", "--task"]):  # malformed: left to fairseq's parser to report
         err = io.StringIO()
         assert rewrite_argv(argv, parser, stream=err) == argv and err.getvalue() == ""
     # a script's parser that sets the task by default (get_generation_parser(default_task=...))

@@ -47,13 +47,21 @@ def renamed_fields(config: type) -> Dict[str, str]:
     return out
 
 
+class _Choices(argparse.ArgumentParser):
+    def error(self, message):  # a malformed command line: fairseq's own parser reports it
+        raise ValueError(message)
+
+
 def _chosen(argv: Sequence[str], parser: Optional[argparse.ArgumentParser]) -> argparse.Namespace:
     """The ``--task``, ``--criterion`` and ``--arch`` that ``argv`` names, or else
     ``parser``'s defaults (a script's ``get_generation_parser(default_task=...)``)."""
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p = _Choices(add_help=False, allow_abbrev=False)
     for flags in (("--task",), ("--criterion",), ("--arch", "-a")):
         p.add_argument(*flags, default=parser.get_default(flags[0][2:]) if parser is not None else None)
-    return p.parse_known_args([a for a in argv if a not in ("-h", "--help")])[0]
+    try:
+        return p.parse_known_args([a for a in argv if a not in ("-h", "--help")])[0]
+    except ValueError:
+        return argparse.Namespace(task=None, criterion=None, arch=None)
 
 
 def renamed_options(argv: Sequence[str], parser: Optional[argparse.ArgumentParser] = None) -> Dict[str, str]:
