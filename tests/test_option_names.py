@@ -7,10 +7,11 @@ import contextlib
 import dataclasses
 import enum
 import io
+import os
 
 import torch
 
-from conftest import run_cli_batch
+from conftest import REPO, run_cli_batch
 from fairseq_ext.options import plugin_components  # the package import registers them
 
 # The prefix of each plugin component's own options (the naming rule itself).
@@ -102,7 +103,7 @@ def _value(f):
 
 def _parse(component, argv):
     """fairseq's parse of ``argv`` for a command that chooses ``component`` (no data is read),
-    and what it wrote to stderr."""
+    what it wrote to stderr, and the program name its messages start with."""
     from fairseq import options
 
     arch = {"text_completion": "transformer_lm", "residual_lm": "residual_energy", "residual_energy": "residual_energy",
@@ -117,25 +118,26 @@ def _parse(component, argv):
     parser = options.get_generation_parser() if generate else options.get_training_parser()
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        args = options.parse_args_and_arch(parser, ["data", "--user-dir", "fairseq_ext", *head, *argv])
-    return args, err.getvalue()
+        args = options.parse_args_and_arch(parser, ["data", "--user-dir", os.path.join(REPO, "fairseq_ext"), *head,
+                                                    *argv])
+    return args, err.getvalue(), parser.prog
 
 
 def test_each_old_spelling_sets_the_new_option_with_one_warning():
     cases = renamed()
     assert {c.kind for c, _, _ in cases} == {"criterion", "task", "model"}
     assert {"--normalization", "--hamming-weights", "--tag-column", "--base-lm"} <= {old for *_, old in cases}
-    for component, f, old in cases:
-        from fairseq_ext.runtime.validation import flag
+    from fairseq_ext.runtime.validation import flag
 
+    for component, f, old in cases:
         words, value = _value(f)
-        args, err = _parse(component, [old, *words])
+        args, err, prog = _parse(component, [old, *words])
         assert getattr(args, f.name) == value, (component.name, old, getattr(args, f.name), value)
         warnings = [line for line in err.splitlines() if "deprecated" in line]
-        assert warnings == [f"{warnings[0].split(':')[0]}: warning: {old} is deprecated, use {flag(f.name)}"], err
-        args, err = _parse(component, [f"{old}={words[0]}"] if words else [old])  # the --old=VALUE form
+        assert warnings == [f"{prog}: warning: {old} is deprecated, use {flag(f.name)}"], err
+        args, err, _ = _parse(component, [f"{old}={words[0]}"] if words else [old])  # the --old=VALUE form
         assert getattr(args, f.name) == value
-        new_args, err = _parse(component, [flag(f.name), *words])  # the new name: the same, no warning
+        new_args, err, _ = _parse(component, [flag(f.name), *words])  # the new name: the same, no warning
         assert getattr(new_args, f.name) == value and "deprecated" not in err
 
 
