@@ -44,7 +44,10 @@ def test_own_corpus_any_languages_and_split_names(corpus, tmp_path, bpe, vocab):
     proc = prepare(out, "--src", "xh", "--tgt", "zu", "--train", corpus / "training", "--valid", corpus / "heldout",
                    "--test", corpus / "eval", "--bpe", bpe, "--vocab-size", vocab, "--binarize", "--joined-dictionary")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((out / "stats.json").read_text()) == {"train": 300, "valid": 40, "test": 30}
+    nothing_dropped = {"empty": 0, "min_len": 0, "max_len": 0, "ratio": 0}
+    assert json.loads((out / "stats.json").read_text()) == {"train": 300, "valid": 40, "test": 30,
+                                                            "train_dropped": nothing_dropped}
+    assert "cleaning: kept 300 of 300 training pairs, dropped 0 (0.0%)" in proc.stdout
     assert "train: 300 pairs" in proc.stdout and f"--post-process {bpe}" in proc.stdout
     for split, name in (("train", "training"), ("valid", "heldout"), ("test", "eval")):
         for lang in ("xh", "zu"):
@@ -66,7 +69,8 @@ def test_valid_split_from_training_and_no_test(corpus, tmp_path):
     proc = prepare(out, "--src", "xh", "--tgt", "zu", "--train", corpus / "training", "--valid-every", "10",
                    "--bpe", "sentencepiece", "--vocab-size", "60", "--binarize")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((out / "stats.json").read_text()) == {"train": 270, "valid": 30}
+    assert {k: v for k, v in json.loads((out / "stats.json").read_text()).items() if k != "train_dropped"} == {
+        "train": 270, "valid": 30}
     assert not (out / "bin" / "test.xh-zu.xh.bin").exists() and (out / "bin" / "dict.xh.txt").exists()
 
 

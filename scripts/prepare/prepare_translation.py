@@ -23,7 +23,7 @@ by step, and prepares Multi30k (``scripts/prepare/prepare_multi30k.sh``):
    with sentencepiece, which needs no pre-tokenization) keeps the text;
 2. clean-corpus-n (unless ``--no-clean``): whitespace squeezed, pairs with a side
    outside [``--min-len``, ``--max-len``] tokens or a length ratio above ``--ratio``
-   dropped;
+   dropped; a line says how many pairs each rule dropped (also in ``stats.json``);
 3. ``--lowercase``;
 4. valid = ``--valid`` files, or every ``--valid-every``-th training pair (train =
    the rest);
@@ -39,7 +39,7 @@ by step, and prepares Multi30k (``scripts/prepare/prepare_multi30k.sh``):
 Output: ``OUT/tok/{train,valid,test}.{src,tgt}`` (the text of steps 1-5),
 ``OUT/code`` (subword-nmt) or ``OUT/spm.model`` / ``.vocab`` (sentencepiece),
 ``OUT/{train,valid,test}.{src,tgt}`` (subwords), ``OUT/stats.json`` (pairs per
-split), with ``--binarize`` ``OUT/bin`` and ``OUT/preprocess.log``. A missing input
+split; ``train_dropped``: training pairs each cleaning rule dropped), with ``--binarize`` ``OUT/bin`` and ``OUT/preprocess.log``. A missing input
 file, a bad option value or a failed step stops it with one line naming it.
 """
 import argparse
@@ -49,7 +49,7 @@ import re
 import subprocess
 import sys
 from multiprocessing import Pool
-from typing import Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 IWSLT_DROP = ("<url>", "<talkid>", "<keywords>")
 IWSLT_STRIP = re.compile(r"</?(title|description)>")
@@ -107,18 +107,37 @@ def read_raw(path: str, iwslt_train: bool) -> List[str]:
     return lines
 
 
-def clean(pairs: Iterable[Tuple[str, str]], lo: int, hi: int, ratio: float) -> List[Tuple[str, str]]:
-    """clean-corpus-n.perl: squeeze whitespace, drop empty, too short / long or unbalanced pairs."""
-    out = []
+DROP_RULES = ("empty", "min_len", "max_len", "ratio")  # clean-corpus-n's rules, in the order they are tried
+
+
+def clean(pairs: Iterable[Tuple[str, str]], lo: int, hi: int, ratio: float
+          ) -> Tuple[List[Tuple[str, str]], Dict[str, int]]:
+    """clean-corpus-n.perl: squeeze whitespace, drop empty, too short / long or unbalanced pairs.
+    Returns the kept pairs and how many each rule dropped (a pair counts under the first rule
+    it breaks)."""
+    out, dropped = [], dict.fromkeys(DROP_RULES, 0)
     for s, t in pairs:
         s, t = " ".join(s.replace("|", "").split()), " ".join(t.replace("|", "").split())
         ns, nt = len(s.split()), len(t.split())
-        if ns == 0 or nt == 0 or not (lo <= ns <= hi and lo <= nt <= hi):
-            continue
-        if ns / nt > ratio or nt / ns > ratio:
-            continue
-        out.append((s, t))
-    return out
+        rule = ("empty" if ns == 0 or nt == 0 else "min_len" if min(ns, nt) < lo else "max_len" if max(ns, nt) > hi
+                else "ratio" if ns / nt > ratio or nt / ns > ratio else None)
+        if rule:
+            dropped[rule] += 1
+        else:
+            out.append((s, t))
+    return out, dropped
+
+
+def cleaning_report(kept: int, dropped: Dict[str, int], a: argparse.Namespace) -> str:
+    """One line: how many training pairs the cleaning kept, and what each rule dropped."""
+    total = kept + sum(dropped.values())
+    why = {"empty": "an empty side", "min_len": f"a side shorter than --min-len {a.min_len}",
+           "max_len": f"a side longer than --max-len {a.max_len} tokens",
+           "ratio": f"a length ratio above --ratio {a.ratio:g}"}
+    parts = ", ".join(f"{dropped[r]} for {why[r]}" for r in DROP_RULES)
+    share = 100.0 * (total - kept) / max(total, 1)
+    return (f"cleaning: kept {kept} of {total} training pairs, dropped {total - kept} ({share:.1f}%): {parts} "
+            f"(--no-clean keeps them all)")
 
 
 def input_file(name: str, lang: str) -> str:
@@ -270,8 +289,10 @@ def main(argv=None) -> None:
     # train: tokenize, clean, lowercase (clean-corpus-n runs before lowercase.perl, as in fairseq)
     xs, ys = read_split(a.train, a.src, a.tgt, a.iwslt_tags)
     pairs = list(zip(tokenize(xs, a.src, a, False), tokenize(ys, a.tgt, a, False)))
+    dropped = None
     if not a.no_clean:
-        pairs = clean(pairs, a.min_len, a.max_len, a.ratio)
+        pairs, dropped = clean(pairs, a.min_len, a.max_len, a.ratio)
+        print(cleaning_report(len(pairs), dropped, a))
     if a.lowercase:
         pairs = [(s.lower(), t.lower()) for s, t in pairs]
     splits = {}
@@ -295,7 +316,7 @@ def main(argv=None) -> None:
     for split in names:
         print(f"{split}: {stats[split]} pairs")
     with open(os.path.join(a.out_dir, "stats.json"), "w") as f:
-        json.dump(stats, f, indent=1)
+        json.dump(dict(stats, **({"train_dropped": dropped} if dropped is not None else {})), f, indent=1)
     if a.binarize:
         binarize(a, names)
         print(f"done: {os.path.join(a.out_dir, 'bin')} ({a.bpe} subwords: the criteria's --*-post-process auto "
