@@ -154,8 +154,10 @@ completion_eval() {
 # command of the selected stages (already finished ones included) and runs
 # nothing. --list prints the stages and which are done.
 #
-# In the recipe:  STAGES=(a b c); PATH_VARS=(RAW_DIR); recipe_args "$@"
-#                 if stage a; then run ...; stage_done a; fi
+# In the recipe:  STAGES=(a b c); PATH_VARS=(RAW_DIR DATA); recipe_args "$@"
+#                 if stage a; then given DATA || run ...; stage_done a; fi
+# A path variable the user sets (a binarized data directory, a trained checkpoint)
+# stands for what a stage would make: `given VAR` says so and the stage makes nothing.
 # ---------------------------------------------------------------------------
 
 # recipe_args ARGS...: parse the command line above (sets WORK, DRY_RUN, SELECTED); make
@@ -202,13 +204,20 @@ recipe_args() {
     exit 0
   fi
   [ "$DRY_RUN" = 1 ] || mkdir -p "$WORK/.stages"
+  GIVEN=" "
   for name in ${PATH_VARS[@]+"${PATH_VARS[@]}"}; do
-    [ -z "${!name:-}" ] || printf -v "$name" '%s' "$(abspath "${!name}")"
+    [ -z "${!name:-}" ] || { printf -v "$name" '%s' "$(abspath "${!name}")"; GIVEN+="$name "; }
   done
   cd "$(dirname "${BASH_SOURCE[0]}")/.."
   WORKERS=${WORKERS:-$(getconf _NPROCESSORS_ONLN)}
   PYTHON=${PYTHON:-python}
   devices_init
+}
+
+given() {  # VAR...: true when the user set every VAR (printing so): the stage has nothing to make
+  local name
+  for name; do [[ "$GIVEN" == *" $name "* ]] || return 1; done
+  for name; do echo "# $name=${!name} given: nothing to make"; done
 }
 
 abspath() {  # PATH -> absolute (the recipes cd to the repository root)

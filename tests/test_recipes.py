@@ -210,6 +210,9 @@ def test_clean_and_read_raw_follow_moses_and_fairseq(tmp_path):
     tok = prepare(tmp_path / "out", tmp_path / "train")
     assert list(zip(tok["train.de"], tok["train.en"]))[:3] == [("a b", "x y"), ("a a a a a a", "x x x x"), ("ab", "x")]
     assert len(tok["train.de"]) == 3 + len(filler)
+    # each dropped pair counted under its rule, printed and kept in stats.json
+    assert json.load(open(tmp_path / "out" / "stats.json"))["train_dropped"] == {
+        "empty": 1, "min_len": 0, "max_len": 1, "ratio": 1}
     assert tok["valid.de"] == ["It's here", "b"]  # the <seg> contents of .xml, apostrophe normalised
     assert prepare(tmp_path / "iwslt", tmp_path / "tags", "--iwslt-tags")["train.de"][:2] == ["T", "text"]
 
@@ -327,3 +330,24 @@ def test_wikitext_dry_run_prints_the_paper_settings(tmp_path):
     assert len(train) == 6 and all("--distributed-world-size 4" in line for line in train)
     assert [line.split("--save-dir ")[1].split()[0].rsplit("/", 1)[1] for line in train if "--fp16" in line] == [
         "ebm_lm", "ebm_unit", "ebm_bit"]  # mixed precision for the EBM stages only
+
+
+def test_wikitext_takes_the_users_data_and_models(tmp_path):
+    """DATA=, LM=, EBM_DATA= and BASE_LM=: download, prepare, lm, ebm_data and ebm_lm make
+    nothing, MGS fine-tunes the given LM and the residual EBM stages read the given base LM."""
+    given = {"DATA": tmp_path / "bin", "LM": tmp_path / "lm.pt", "EBM_DATA": tmp_path / "ebm_bin",
+             "BASE_LM": tmp_path / "base.pt"}
+    out = recipe(WIKITEXT, tmp_path / "w", "--dry-run", env={k: str(v) for k, v in given.items()}).stdout
+    assert out.count(f"# DATA={given['DATA']} given: nothing to make") == 2  # download, prepare
+    for name in ("LM", "EBM_DATA", "BASE_LM"):
+        assert out.count(f"# {name}={given[name]} given: nothing to make") == 1 + (name == "EBM_DATA"), name
+    assert "wget" not in out and "prepare_wikitext_completion.py" not in out
+    train = [line for line in out.splitlines() if line.startswith("fairseq-train")]
+    assert [line.split("--save-dir ")[1].split()[0].rsplit("/", 1)[1] for line in train] == [
+        "mgs_lm", "mgs_edit", "ebm_unit", "ebm_bit"]
+    assert all(f"--finetune-from-model {given['LM']}" in line for line in train[:2])
+    assert all(f"--residual-base-lm {given['BASE_LM']}" in line and f"fairseq-train {given['EBM_DATA']}" in line
+               for line in train[2:])
+    # only the completion data given: the raw text is still fetched for the EBM data
+    out = recipe(WIKITEXT, tmp_path / "w", "--dry-run", "--to", "prepare", env={"DATA": str(given["DATA"])}).stdout
+    assert "wget" in out and "prepare_wikitext_completion.py" not in out

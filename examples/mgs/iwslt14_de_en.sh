@@ -40,18 +40,12 @@ FT_EPOCHS=${FT_EPOCHS:-20}
 LSTM_EPOCHS=${LSTM_EPOCHS:-20}
 SPLITS=${SPLITS:-valid test}
 ORIG=$WORK/orig/de-en
-DATA_GIVEN=${DATA:+1}
 DATA=${DATA:-$WORK/data-bin}
 MLE=${MLE:-$WORK/mle/checkpoint_best.pt}
 LSTM_CE=${LSTM_CE:-$WORK/lstm_ce/checkpoint_best.pt}
-given() {  # VAR: the user gave it: the stage has nothing to make
-  echo "# $1=${!1} given: nothing to make"
-}
 
 if stage download; then
-  if [ -n "$DATA_GIVEN" ]; then
-    given DATA
-  else
+  if ! given DATA; then
     if [ -n "${IWSLT_RAW:-}" ]; then
       run mkdir -p "$WORK/orig"
       run ln -sfn "$IWSLT_RAW" "$ORIG"
@@ -65,9 +59,7 @@ if stage download; then
 fi
 
 if stage prepare; then
-  if [ -n "$DATA_GIVEN" ]; then
-    given DATA
-  else
+  if ! given DATA; then
     run "$PYTHON" scripts/prepare/prepare_translation.py "$WORK/prep" --src de --tgt en \
       --train "$ORIG/train.tags.de-en.{l}" --iwslt-tags --valid-every 23 \
       --test "$ORIG/IWSLT14.TED.dev2010.de-en.{l}.xml" "$ORIG/IWSLT14.TEDX.dev2012.de-en.{l}.xml" \
@@ -79,9 +71,7 @@ if stage prepare; then
 fi
 
 if stage binarize; then
-  if [ -n "$DATA_GIVEN" ]; then
-    given DATA
-  else
+  if ! given DATA; then
     run rm -rf "$DATA"
     run_log "$WORK/logs/binarize.log" fairseq-preprocess --source-lang de --target-lang en \
       --trainpref "$WORK/prep/train" --validpref "$WORK/prep/valid" --testpref "$WORK/prep/test" \
@@ -97,9 +87,7 @@ TRANSFORMER=(--arch transformer_iwslt_de_en --share-decoder-input-output-embed -
 BLEU_VALID=(--eval-bleu --eval-bleu-args '{"beam": 5, "max_len_a": 1.2, "max_len_b": 10}' --eval-bleu-detok moses
   --eval-bleu-remove-bpe --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
 if stage mle; then
-  if [ "$MLE" != "$WORK/mle/checkpoint_best.pt" ]; then
-    given MLE
-  else
+  if ! given MLE; then
     # shellcheck disable=SC2086
     train mle "$DATA" "${TRANSFORMER[@]}" "${BLEU_VALID[@]}" --criterion label_smoothed_cross_entropy \
       --label-smoothing 0.1 --max-tokens 4096 --update-freq "$(update_freq 1)" --max-epoch "$MLE_EPOCHS" \
@@ -138,9 +126,7 @@ LSTM=(--arch lstm --encoder-layers 1 --decoder-layers 1 --encoder-bidirectional 
   --dropout 0.2 --optimizer adam --lr 0.001 --clip-norm 1.0 --max-tokens 4096 --update-freq "$(update_freq 1)"
   "${BLEU_VALID[@]}")
 if stage lstm_ce; then
-  if [ "$LSTM_CE" != "$WORK/lstm_ce/checkpoint_best.pt" ]; then
-    given LSTM_CE
-  else
+  if ! given LSTM_CE; then
     # shellcheck disable=SC2086
     train lstm_ce "$DATA" "${LSTM[@]}" --criterion differentiable_scheduled_sampling --dss-warmup 1e12 \
       --max-epoch "$LSTM_EPOCHS" ${EXTRA_LSTM:-}

@@ -25,8 +25,13 @@
 #
 # usage: examples/mgs/wikitext103.sh WORK_DIR [--stage NAME]... [--from NAME]
 #                                               [--to NAME] [--force] [--dry-run] [--list]
+# your own data and models: DATA (a binarized text_completion directory: prepare has nothing
+#      to make), LM (a transformer_lm checkpoint on DATA: lm has nothing to make, MGS fine-tunes
+#      it), EBM_DATA (a binarized language_modeling directory: ebm_data has nothing to make),
+#      BASE_LM (a transformer_lm checkpoint on EBM_DATA: ebm_lm has nothing to make, negatives
+#      and the energies use it); with DATA and EBM_DATA both given, download has nothing to make
 # env: WIKITEXT_RAW (directory with wiki.{train,valid,test}.tokens: skips the download),
-#      VOCAB (50000), LM (a transformer_lm checkpoint on this data-bin: skips lm),
+#      VOCAB (50000),
 #      LM_UPDATES (400000), MAX_LEN (500), MODELS (scored; "lm mgs_lm mgs_edit"),
 #      PREFIX (120), CONT (40), NEGATIVES (16), NUM_NEG (per positive, 8), EBM_UPDATES
 #      (100000), EVAL_SAMPLES (1000; the paper 100,000), EVAL_PREFIXES (0: all), NGPU,
@@ -36,7 +41,7 @@
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
 STAGES=(download prepare lm mgs_lm mgs_edit score ebm_data ebm_lm negatives ebm_unit ebm_bit ebm_eval)
-PATH_VARS=(WIKITEXT_RAW LM)
+PATH_VARS=(WIKITEXT_RAW DATA LM EBM_DATA BASE_LM)
 recipe_args "$@"
 URL=${WIKITEXT_URL:-https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip}
 VOCAB=${VOCAB:-50000}
@@ -50,36 +55,39 @@ EBM_UPDATES=${EBM_UPDATES:-100000}
 EVAL_SAMPLES=${EVAL_SAMPLES:-1000}
 EVAL_PREFIXES=${EVAL_PREFIXES:-0}
 RAW=$WORK/raw
-DATA=$WORK/data/bin
+DATA=${DATA:-$WORK/data/bin}
 LM=${LM:-$WORK/lm/checkpoint_best.pt}
+EBM_DATA=${EBM_DATA:-$WORK/ebm_data/bin}
+BASE_LM=${BASE_LM:-$WORK/ebm_lm/checkpoint_best.pt}
 TASK=(--task text_completion --completion-context-size 10 --skip-invalid-size-inputs-valid-test)
 GPT=(--arch transformer_lm_gpt --share-decoder-input-output-embed --optimizer adam --adam-betas '(0.9, 0.999)'
   --clip-norm 1.0)
 
 
-
 if stage download; then
-  run mkdir -p "$RAW"
-  src=${WIKITEXT_RAW:-$WORK/orig/wikitext-103}
-  if [ -z "${WIKITEXT_RAW:-}" ]; then
-    run mkdir -p "$WORK/orig"
-    run wget -nv -O "$WORK/orig/wikitext-103-v1.zip" "$URL"
-    run unzip -o -q "$WORK/orig/wikitext-103-v1.zip" -d "$WORK/orig"
+  if ! given DATA EBM_DATA; then
+    run mkdir -p "$RAW"
+    src=${WIKITEXT_RAW:-$WORK/orig/wikitext-103}
+    if [ -z "${WIKITEXT_RAW:-}" ]; then
+      run mkdir -p "$WORK/orig"
+      run wget -nv -O "$WORK/orig/wikitext-103-v1.zip" "$URL"
+      run unzip -o -q "$WORK/orig/wikitext-103-v1.zip" -d "$WORK/orig"
+    fi
+    for split in train valid test; do run ln -sfn "$src/wiki.$split.tokens" "$RAW/$split.txt"; done
   fi
-  for split in train valid test; do run ln -sfn "$src/wiki.$split.tokens" "$RAW/$split.txt"; done
   stage_done download
 fi
 
 if stage prepare; then
-  run "$PYTHON" scripts/prepare/prepare_wikitext_completion.py "$RAW" "$WORK/data" --context-size 10 --vocab-size "$VOCAB" \
-    --workers "$WORKERS"
+  if ! given DATA; then
+    run "$PYTHON" scripts/prepare/prepare_wikitext_completion.py "$RAW" "$WORK/data" --context-size 10 \
+      --vocab-size "$VOCAB" --workers "$WORKERS"
+  fi
   stage_done prepare
 fi
 
 if stage lm; then
-  if [ "$LM" != "$WORK/lm/checkpoint_best.pt" ]; then
-    echo "# LM=$LM given: not training one"
-  else
+  if ! given LM; then
     # from scratch (the paper fine-tunes GPT-2: see examples/README.md for converted weights)
     # shellcheck disable=SC2086
     train lm "$DATA" "${TASK[@]}" "${GPT[@]}" --lr 5e-4 --lr-scheduler inverse_sqrt --warmup-updates 4000 \
@@ -122,21 +130,24 @@ if stage score; then
 fi
 
 # Residual EBM (Deng et al., section 4.1): prefix 120, continuation 40 tokens
-EBM_DATA=$WORK/ebm_data/bin
-T=(--user-dir fairseq_ext --task residual_lm --residual-base-lm "$WORK/ebm_lm/checkpoint_best.pt" --residual-prefix-len "$PREFIX"
+T=(--user-dir fairseq_ext --task residual_lm --residual-base-lm "$BASE_LM" --residual-prefix-len "$PREFIX"
   --residual-continuation-len "$CONT" --residual-negatives-dir "$WORK/negatives" --residual-num-negatives "$NUM_NEG")
 if stage ebm_data; then
-  run "$PYTHON" scripts/prepare/prepare_wikitext_completion.py "$RAW" "$WORK/ebm_data" --context-size 1 --vocab-size "$VOCAB" \
-    --workers "$WORKERS"
+  if ! given EBM_DATA; then
+    run "$PYTHON" scripts/prepare/prepare_wikitext_completion.py "$RAW" "$WORK/ebm_data" --context-size 1 \
+      --vocab-size "$VOCAB" --workers "$WORKERS"
+  fi
   stage_done ebm_data
 fi
 if stage ebm_lm; then
-  # shellcheck disable=SC2086
-  train ebm_lm "$EBM_DATA" --task language_modeling --arch transformer_lm --decoder-layers 12 \
-    --decoder-embed-dim 1024 --decoder-ffn-embed-dim 4096 --decoder-attention-heads 16 \
-    --share-decoder-input-output-embed --dropout 0.1 "${FP16_ARGS[@]}" --tokens-per-sample 512 --optimizer adam \
-    --adam-betas '(0.9, 0.98)' --clip-norm 1.0 --lr 5e-4 --lr-scheduler cosine --warmup-updates 4000 \
-    --max-tokens 8192 --update-freq "$(update_freq 8)" --max-update "$LM_UPDATES" ${EXTRA_LM:-}
+  if ! given BASE_LM; then
+    # shellcheck disable=SC2086
+    train ebm_lm "$EBM_DATA" --task language_modeling --arch transformer_lm --decoder-layers 12 \
+      --decoder-embed-dim 1024 --decoder-ffn-embed-dim 4096 --decoder-attention-heads 16 \
+      --share-decoder-input-output-embed --dropout 0.1 "${FP16_ARGS[@]}" --tokens-per-sample 512 --optimizer adam \
+      --adam-betas '(0.9, 0.98)' --clip-norm 1.0 --lr 5e-4 --lr-scheduler cosine --warmup-updates 4000 \
+      --max-tokens 8192 --update-freq "$(update_freq 8)" --max-update "$LM_UPDATES" ${EXTRA_LM:-}
+  fi
   stage_done ebm_lm
 fi
 if stage negatives; then
