@@ -247,7 +247,7 @@ def mistakes(toy_lm_bin, lm_checkpoint, other_dictionary, tmp_path_factory):
     ("path not a checkpoint", r"{tmp}/text.pt: cannot load it as a checkpoint \(UnpicklingError"),
     ("other dictionary, generate", r"{ckpt}: the checkpoint's dictionary has (\d+) entries, the data's (\d+): "),
     ("residual_nce without negatives", r"--criterion residual_nce needs the negatives of split valid, but there is "
-                                       r"no {tmp}/no_negatives/valid.negatives.pt: run scripts/sample_negatives.py"),
+                                       r"no {tmp}/no_negatives/valid.negatives.pt: run scripts/prepare/sample_negatives.py"),
 ])
 def test_input_mistakes_end_in_one_line(mistakes, lm_checkpoint, toy_lm_bin, case, message):
     tmp, results = mistakes

@@ -172,6 +172,9 @@ def test_iwslt_dry_run_prints_the_paper_settings(tmp_path):
     assert all("--update-epoch-batch-itr True" in line for line in train)  # exact resume
     assert "--criterion mrt" in out and "--criterion pg" in out and "--criterion soft_beam_direct_loss" in out
     assert "--beam 5" in out and "--beam 1" in out
+    # DSS as the Multi30k evidence recommends: soft-sample, alpha fixed, gentle decay
+    assert ("--dss-mode soft-sample --dss-schedule inverse_sigmoid --dss-schedule-unit epoch --dss-warmup 1 "
+            "--dss-decay-k 100 --dss-alpha 1 --max-epoch") in out
 
 
 def test_stage_selection_and_errors(tmp_path):

@@ -28,7 +28,7 @@ def test_joint_model_repairs_what_the_base_lm_gets_wrong(tmp_path):
     """One seed of the recipe, reduced (8 words, 4 distinct per continuation, 2000
     lines, 8 EBM epochs at lr 0.003; about a minute of CPU). Measured with 6 epochs:
     distinct share 0.858 (base LM) -> 0.950 (joint), perplexity 5.32 -> 4.69 / 4.77
-    against the truth 4.42 (docs/residual_ebm.md, "Designed check", has the 3-seed
+    against the truth 4.42 (examples/residual_ebm/README.md, "Designed check", has the 3-seed
     full-size numbers)."""
     work = str(tmp_path / "work")
     run_cli(["bash", "examples/residual_ebm/distinct.sh", work],

@@ -223,7 +223,7 @@ def test_criterion_without_negatives_says_what_to_run(toy_lm_bin, base_lm, tmp_p
     task, args = setup(toy_lm_bin, "--residual-base-lm", base_lm, "--residual-negatives-dir", str(tmp_path))
     task.load_dataset("valid")
     with pytest.raises(ConfigError, match=r"--criterion residual_nce needs the negatives of split valid, .*"
-                                          r"valid.negatives.pt: run scripts/sample_negatives.py"):
+                                          r"valid.negatives.pt: run scripts/prepare/sample_negatives.py"):
         ResidualNCECriterion(task)
     task, args = setup(toy_lm_bin, "--residual-base-lm", base_lm, "--residual-negatives-dir", str(tmp_path))
     ResidualNCECriterion(task)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The residual EBM where the gain must show (docs/residual_ebm.md, "Designed check"):
+# The residual EBM where the gain must show (examples/residual_ebm/README.md, "Designed check"):
 # a generated corpus whose continuations never repeat a word (fairseq_ext/synthetic/residual.py,
 # exact perplexity known), a deliberately small base LM that has not learned that
 # constraint, and the joint model P_LM exp(-E) / Z with a bidirectional energy (BiT)

@@ -14,7 +14,7 @@
 #
 # The paper: p = 120, L = 40, 16 (CC-News) / 128 (Books) stored samples per prefix,
 # 12-layer models, 90k-180k updates. Defaults here: p = 48, L = 24, 16 stored, 4 per
-# positive, 2-layer models of width 128 (docs/residual_ebm.md says why).
+# positive, 2-layer models of width 128 (examples/residual_ebm/README.md says why).
 #
 # A rerun skips finished stages and resumes interrupted trainings (checkpoint_last.pt).
 #

@@ -248,7 +248,7 @@ class ResidualLMTask(TaskBatching, FairseqTask):
 
     def _no_negatives(self, split: str) -> None:
         raise ConfigError(f"{self._negatives_for} needs the negatives of split {split}, but there is no "
-                          f"{self.negatives_path(split)}: run scripts/sample_negatives.py (it writes "
+                          f"{self.negatives_path(split)}: run scripts/prepare/sample_negatives.py (it writes "
                           "{split}.negatives.pt next to the data or into --residual-negatives-dir)")
 
     def load_negatives(self, split: str, num_blocks: int) -> Optional[torch.Tensor]:
