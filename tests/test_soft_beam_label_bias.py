@@ -2,7 +2,7 @@
 and, through fairseq-train and fairseq-generate, a left-to-right tagger trained
 with the globally normalised soft beam recovers the future-dependent labels with
 a beam, while the same training with local normalisation stays at chance
-(docs/soft_beam.md, "Label bias")."""
+(examples/soft_beam/README.md, "Label bias")."""
 import json
 import os
 import random
@@ -13,7 +13,7 @@ from conftest import REPO, run_cli
 
 from fairseq_ext.synthetic.label_bias import accuracies, label_bias_sentence, write_label_bias_data
 
-# Measured with examples/soft_beam/label_bias.py (docs/soft_beam.md, "Label bias": 3 seeds,
+# Measured with examples/soft_beam/label_bias.py (examples/soft_beam/README.md, "Label bias": 3 seeds,
 # left-to-right encoder, beam 3, 1,116 future positions): `local` 50.8 +- 1.2, `global_ce`
 # 93.5 +- 11.1 (seeds 99.9, 80.6, 100.0; the 80.6 seed sits on a zero-gradient plateau). Two
 # models at chance differ by ~3.3 points (std) on the ~450 future positions of this test's

@@ -3,7 +3,7 @@
 ``fairseq_ext/synthetic/label_bias.py`` (the label of an F word is the colour of the next
 word), encoder {left-to-right (``--encoder-unidirectional``), bidirectional} x training x
 decoding {greedy, beam}; accuracy on the future-dependent positions and overall,
-mean +- std over seeds (docs/soft_beam.md, "Label bias").
+mean +- std over seeds (examples/soft_beam/README.md, "Label bias").
 
 Runs per encoder and seed (``tagging_lstm_tiny``, dropout 0, Adam, batches of 32
 sentences, the last checkpoint of every run: no checkpoint selection):

@@ -49,8 +49,9 @@
 # usage: examples/soft_beam/mt.sh WORK_DIR
 # env: FAIRSEQ_EXT_DATA (required), VOCAB (2000), EMBED (128), HIDDEN (256),
 #      PRE_EPOCHS (30), PATIENCE (3), FT_EPOCHS (3, 501 updates), FT_PATIENCE (4),
-#      FT_LR (0.0001; at 0.001, soft_beam_ner.sh's, the direct loss wrecked the
-#      model under the old protocol: docs/soft_beam.md), ALPHA_FINAL (100),
+#      FT_LR (0.0001; the relaxed loss is linear only within about 1e-4 of the
+#      parameters, and at 0.001, ner.sh's, the direct loss wrecked a Multi30k model:
+#      examples/soft_beam/README.md), ALPHA_FINAL (100),
 #      ALPHA_UPDATES (334, two epochs of 167 updates), VALID_EVERY (84, half an epoch),
 #      SEEDS ("1 2 3"), DECODE_JOBS (1),
 #      ONLY (space-separated run names; default all: ce sn ce_ft ce_local ce_global

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """How a tagger scores the step after a future-dependent label, on the label-bias
-task (fairseq_ext/synthetic/label_bias.py; docs/soft_beam.md, "Label bias").
+task (fairseq_ext/synthetic/label_bias.py; examples/soft_beam/README.md, "Label bias").
 
 For every F word i of the test split (which has a next word i+1), the decoder is
 run teacher-forced on the gold labels up to i-1 and then y_i = the gold label

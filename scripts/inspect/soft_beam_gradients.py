@@ -1,5 +1,5 @@
-"""How noisy and how rough the soft beam's training gradient is (docs/soft_beam.md,
-"Dropout in the search pass").
+"""How noisy and how rough the soft beam's training gradient is (examples/soft_beam/README.md,
+"Dropout in the search pass and gradient noise").
 
 Spread: for each ``--soft-beam-dropout`` mode and alpha, the gradient of the
 criterion (train mode, the checkpoint's dropout) on the first N sentences of a
