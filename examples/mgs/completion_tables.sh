@@ -3,7 +3,7 @@
 # Figure 1, at CPU scale on the demo's text-completion task (fairseq_ext/synthetic/completion.py):
 # there an MLE model's greedy continuations fail to terminate in a regime like the
 # paper's GPT-2 (about 0.26 of the test prefixes against 0.39; WikiText-2 at CPU scale
-# gives 0.95, docs/mgs.md).
+# gives 0.95, examples/mgs/README.md).
 #
 # Per seed (SEEDS): data and the MLE model of examples/mgs/demo.sh (600 updates, checkpoint
 # with the best validation loss); then, from it, BUDGET updates of each fine-tune

@@ -11,8 +11,8 @@
 #
 # The paper: IWSLT'14 De-En, a converged transformer, fine-tuned with MGS for about 2
 # epochs; we keep its settings where they apply (K = 4 candidates, alpha 100, noise
-# 1, the mixture proposal; docs/mgs.md lists the differences and also reports MGS rows at the
-# package's default alpha 1, where the candidate weights are uniform).
+# 1, the mixture proposal; examples/mgs/README.md lists the differences and also reports MGS rows
+# at the package's default alpha 1 (MGS_ALPHA=1), where the candidate weights are uniform).
 #
 # A rerun skips finished trainings and resumes interrupted ones (fine-tunes start from
 # the MLE model with --finetune-from-model, only on their first launch, and save every
@@ -20,7 +20,8 @@
 #
 # usage: examples/mgs/multi30k.sh WORK_DIR
 # env: FAIRSEQ_EXT_DATA (required), MLE_UPDATES (3000), FT_UPDATES (600), SEEDS ("1 2 3"),
-#      EVAL_EVERY (100), METHODS ("mle_cont mgs_sbleu mgs_edit mrt pg"), VOCAB (2000)
+#      EVAL_EVERY (100), METHODS ("mle_cont mgs_sbleu mgs_edit mrt pg"), VOCAB (2000),
+#      MGS_ALPHA (100: the paper's alpha for MT; 1 reproduces the uniform-weight rows)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . examples/lib.sh
@@ -32,6 +33,7 @@ SEEDS=${SEEDS:-1 2 3}
 EVAL_EVERY=${EVAL_EVERY:-100}
 METHODS=${METHODS:-mle_cont mgs_sbleu mgs_edit mrt pg}
 VOCAB=${VOCAB:-2000}
+MGS_ALPHA=${MGS_ALPHA:-100}
 PYTHON=${PYTHON:-python}
 mkdir -p "$WORK"
 log() { echo "==> $(date +%H:%M:%S) $*"; }
@@ -57,8 +59,8 @@ BASE="$WORK/mle/checkpoint_best.pt"
 criterion_args() {  # the criterion of a method: the package's defaults, and the paper's alpha for MGS
   case $1 in
     mle_cont) echo "--criterion label_smoothed_cross_entropy --label-smoothing 0.1" ;;
-    mgs_sbleu) echo "--criterion mgs --mgs-task-loss sbleu --mgs-alpha 100" ;;  # the paper's alpha for MT
-    mgs_edit) echo "--criterion mgs --mgs-task-loss edit --mgs-alpha 100" ;;
+    mgs_sbleu) echo "--criterion mgs --mgs-task-loss sbleu --mgs-alpha $MGS_ALPHA" ;;  # 100: the paper's alpha for MT
+    mgs_edit) echo "--criterion mgs --mgs-task-loss edit --mgs-alpha $MGS_ALPHA" ;;
     mrt) echo "--criterion mrt --mrt-task-loss sbleu" ;;
     pg) echo "--criterion pg --pg-task-loss sbleu" ;;
     *) echo "unknown method $1" >&2; return 1 ;;
