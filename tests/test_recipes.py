@@ -270,10 +270,32 @@ def test_wmt_dry_run_prints_the_paper_settings(tmp_path):
     assert "--arch cmlm_transformer" in out and "--fp16" in out and "--update-freq 16" in out
     assert "--max-update 300000" in out and "--warmup-updates 10000" in out
     assert "--mh-chains 5 --nbest 1 --mh-proposal-temperature 0.8" in out
-    assert "--mh-energy local --mh-target-anneal 0.02 --mh-accept-all-epochs 2" in out
+    # the headline runs: annealed to the floor, each chain's best state (what passed Mask-Predict)
+    assert "--mh-energy local --mh-accept-all-epochs 2 --mh-anneal-floor-at 0.6 --mh-output best" in out
+    assert "--mh-energy raw --mh-accept-all-epochs 2 --mh-anneal-floor-at 0.6 --mh-output best" in out
+    assert "--mh-target-anneal 0.02" not in out  # Table 6.6's schedule only when asked for
     assert "--mh-kernel gibbs" in out and "--iter-decode-max-iter 10" in out
+    out = recipe(WMT, tmp_path / "w", "--dry-run", "--stage", "mh", env={"MH_RUNS": "raw_table66"}).stdout
+    assert "--mh-energy raw --mh-target-anneal 0.02 --mh-accept-all-epochs 2" in out
     out = recipe(WMT, tmp_path / "w", "--dry-run", "--to", "prepare", env={"PAIR": "ro-en"}).stdout
     assert "--src ro --tgt en" in out and "--romanian" in out and "newstest2016-roen-src.ro.sgm" in out
+
+
+def test_wmt_takes_the_users_data_and_cmlm(tmp_path):
+    """DATA= and CMLM=: download, prepare, binarize and cmlm make nothing, subset20 says why it
+    cannot select the (20) subset, and the baselines and samplers decode the given model on the
+    given data's full test set; asking for the (20) subset then is one line, exit 2."""
+    data, cmlm = tmp_path / "bin", tmp_path / "cmlm.pt"
+    env = {"DATA": str(data), "CMLM": str(cmlm)}
+    out = recipe(WMT, tmp_path / "w", "--dry-run", env=env).stdout
+    assert out.count(f"# DATA={data} given: nothing to make") == 3
+    assert f"# CMLM={cmlm} given: nothing to make" in out and "subset20 skipped" in out
+    assert "wget" not in out and "fairseq-train" not in out and "fairseq-preprocess" not in out
+    generate = [line for line in out.splitlines() if line.startswith("fairseq-generate")]
+    assert generate and all(line.startswith(f"fairseq-generate {data} ") and f"--path {cmlm}" in line
+                            for line in generate)
+    with pytest.raises(AssertionError, match="EVAL_SETS=len20 needs the raw test text"):
+        recipe(WMT, tmp_path / "w", "--dry-run", env=dict(env, EVAL_SETS="len20"))
 
 
 # --------------------------------------------------------------------------- WikiText-103

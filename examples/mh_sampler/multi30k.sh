@@ -33,7 +33,7 @@
 # or CMLM=the copied checkpoint_best.pt).
 # A run whose score file exists in WORK/nSENTENCES* is skipped, so every row of one directory must
 # come from one CMLM: a CMLM trained again, even with the same command and seed, is another model
-# (docs/mh_sampler.md); give a retrained CMLM a new WORK_DIR.
+# (examples/mh_sampler/README.md); give a retrained CMLM a new WORK_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WORK=${1:?usage: $0 WORK_DIR}
@@ -82,7 +82,7 @@ for name in $ORDER; do [[ " $FIRST " == *" $name "* ]] || FIRST+=" $name"; done
 ONLY=${ONLY:-$FIRST}
 [ "$ONLY" != claims ] || ONLY=$CLAIMS
 for name in $ONLY; do
-  [ -n "${RUNS[$name]+x}" ] || { echo "mh_multi30k.sh: ONLY names an unknown run: $name" >&2; exit 2; }
+  [ -n "${RUNS[$name]+x}" ] || { echo "multi30k.sh: ONLY names an unknown run: $name" >&2; exit 2; }
 done
 mkdir -p "$WORK"
 
