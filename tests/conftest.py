@@ -2,6 +2,7 @@
 set binarized once, tiny fairseq models, and the real corpora directory ($FAIRSEQ_EXT_DATA)."""
 import atexit
 import json
+import glob
 import os
 import resource
 import shutil
@@ -16,6 +17,10 @@ from fairseq_ext.evaluation.generate_output import parse as parse_generate_outpu
 from fairseq_ext.synthetic import tiny_models, toy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the pages a user reads: their commands and links are checked (test_doc_commands, test_doc_links)
+USER_PAGES = sorted({os.path.relpath(p, REPO) for pattern in ("README.md", "docs/*.md", "examples/README.md",
+                                                               "examples/*/README.md", "examples/*/results/README.md")
+                     for p in glob.glob(os.path.join(REPO, pattern))})
 
 
 @pytest.fixture(scope="session")

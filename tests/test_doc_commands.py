@@ -1,5 +1,5 @@
 """Every command the docs show parses: the code blocks (fenced or indented) of the
-README, docs/*.md and examples/README.md are read, and each command that starts
+README, docs/*.md and the experiments' READMEs under examples/ are read, and each command that starts
 with ``fairseq-train``, ``fairseq-generate``, ``python -m fairseq_ext...``,
 ``python scripts/...`` or ``bash examples/...`` is checked as a user would run it,
 without training: fairseq's parser with the plugin loaded takes every option of a
@@ -14,7 +14,6 @@ written by an earlier line of the block, and a command ends at ``|``, ``>``, ``&
 leave out the architecture (its options are parsed with fairseq's transformer), a
 whole command may not."""
 import contextlib
-import glob
 import io
 import os
 import re
@@ -23,10 +22,9 @@ from typing import Dict, Iterator, List, NamedTuple
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, USER_PAGES
 
-PAGES = ["README.md", "examples/README.md"] + sorted(os.path.relpath(p, REPO)
-                                                    for p in glob.glob(os.path.join(REPO, "docs", "*.md")))
+PAGES = USER_PAGES
 STARTS = ("fairseq-train", "fairseq-generate", "python -m fairseq_ext", "python scripts/", "bash examples/")
 ENDS = {"|", ">", ">>", "2>", "&&", "||", ";", "&"}
 PLACEHOLDER = "X"
