@@ -244,12 +244,12 @@ def wmt(real_data, tmp_path_factory):
                                             " --length-loss-factor 1",
            "EXTRA_MH": "--mh-burn-in 1 --mh-epochs 1", "CHAINS": "2", "SUBSET": "20", "EVAL_SETS": "full"}
     proc = recipe(WMT, work, env=env)
-    return work, proc.stdout
+    return work, proc.stdout, env
 
 
 @pytest.mark.slow
 def test_wmt_recipe_end_to_end(wmt):
-    work, out = wmt
+    work, out, _ = wmt
     stats = json.load(open(work / "prep" / "stats.json"))
     assert 1500 <= stats["train"] <= 1600 and stats["valid"] == 100 and stats["test"] == 60
     assert "20 pairs with a source of at most 20 words" in out
@@ -262,6 +262,23 @@ def test_wmt_recipe_end_to_end(wmt):
         assert json.load(open(work / "gen" / f"{name}.full.json"))["n_sentences"] == 60
     assert len(lines(work / "gen" / "local.full.jsonl")) == 60  # the sampler's statistics, one line a sentence
     assert (work / "data-bin-20" / "test.de-en.de.bin").exists()
+
+
+@pytest.mark.slow
+def test_wmt_decodes_the_users_data_and_cmlm(wmt, tmp_path):
+    """DATA= and CMLM= (a user's binarized data and trained CMLM): nothing is downloaded,
+    prepared or trained, and the baselines and a sampler decode the given model on the full
+    test set."""
+    work, _, env = wmt
+    mine = tmp_path / "work"
+    given = {"DATA": work / "data-bin", "CMLM": work / "cmlm" / "checkpoint_last.pt"}
+    env = dict(env, MH_RUNS="raw", **{k: str(v) for k, v in given.items()})
+    out = recipe(WMT, mine, env=env).stdout
+    assert out.count(f"# DATA={given['DATA']} given: nothing to make") == 3
+    assert f"# CMLM={given['CMLM']} given: nothing to make" in out and "subset20 skipped" in out
+    assert not any((mine / d).exists() for d in ("orig", "raw", "prep", "data-bin", "cmlm"))
+    for name in ("warm_start", "mask_predict", "raw"):
+        assert json.load(open(mine / "gen" / f"{name}.full.json"))["n_sentences"] == 60, name
 
 
 def test_wmt_dry_run_prints_the_paper_settings(tmp_path):
@@ -321,12 +338,12 @@ def wikitext(real_data, tmp_path_factory):
            "EXTRA_EBM": "--encoder-layers 1 --encoder-embed-dim 32 --encoder-ffn-embed-dim 64 "
                         "--encoder-attention-heads 2 --update-freq 1"}
     proc = recipe(WIKITEXT, work, *all_stages_but(WIKITEXT, "mgs_edit"), env=env)
-    return work, proc.stdout
+    return work, proc.stdout, env
 
 
 @pytest.mark.slow
 def test_wikitext_recipe_end_to_end(wikitext):
-    work, out = wikitext
+    work, out, _ = wikitext
     stats = json.load(open(work / "data" / "stats.json"))
     for split in ("train", "valid", "test"):
         assert stats[split] > 0 and f"{split}: {stats[split]} (prefix, continuation) pairs" in out
@@ -341,6 +358,25 @@ def test_wikitext_recipe_end_to_end(wikitext):
         result = json.load(open(work / "gen" / f"ebm_{v}.json"))
         assert result, v
         assert count_hypotheses(work / "gen" / f"ebm_{v}.samples") > 0
+
+
+@pytest.mark.slow
+def test_wikitext_fine_tunes_the_users_data_and_models(wikitext, tmp_path):
+    """DATA=, LM=, EBM_DATA= and BASE_LM=: MGS fine-tunes the given LM on the given data,
+    and the negatives and an energy come from the given base LM on the given EBM data."""
+    work, _, env = wikitext
+    mine = tmp_path / "work"
+    given = {"DATA": work / "data" / "bin", "LM": work / "lm" / "checkpoint_last.pt",
+             "EBM_DATA": work / "ebm_data" / "bin", "BASE_LM": work / "ebm_lm" / "checkpoint_last.pt"}
+    env = dict(env, **{k: str(v) for k, v in given.items()})
+    stages = ["download", "prepare", "lm", "mgs_lm", "ebm_data", "ebm_lm", "negatives", "ebm_unit"]
+    out = recipe(WIKITEXT, mine, *[a for name in stages for a in ("--stage", name)], env=env).stdout
+    for name in given:
+        assert f"# {name}={given[name]} given: nothing to make" in out, name
+    assert not any((mine / d).exists() for d in ("raw", "orig", "data", "lm", "ebm_data", "ebm_lm"))
+    assert f"'finetune_from_model': '{given['LM']}'" in open(mine / "logs" / "mgs_lm.log").read()
+    assert (mine / "negatives" / "train.negatives.pt").exists() and (mine / "ebm_unit" / "checkpoint_last.pt").exists()
+    assert f"'residual_base_lm': '{given['BASE_LM']}'" in open(mine / "logs" / "ebm_unit.log").read()
 
 
 def test_wikitext_dry_run_prints_the_paper_settings(tmp_path):
