@@ -81,7 +81,7 @@ CRITERIA = {
 }
 SAMPLING = {"pg"}  # updates depend on the random stream, not only on the data
 # logged keys that are timings or depend on the process layout, not on the method
-UNLOGGED = {"epoch", "update", "wps", "ups", "train_wall", "wall", "gb_free", "lr", "loss_scale"}
+UNLOGGED = {"epoch", "update", "wps", "ups", "train_wall", "wall", "gb_free", "lr", "loss_scale", "cost_seconds"}
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ listing knows every name it is given, and a script or recipe the page names exis
 
 Shell syntax is read as far as the pages use it: ``\\`` continuations, variables
 set earlier in the same block (``T="--task ..."``; others become a placeholder
-word), environment settings before a command (``DATA=d MLE=m bash ...``), files
+word), environment settings before a command (``DATA=d MLE=m bash ...``; ``PYTHONPATH=DIR`` puts
+DIR on the import path while the command parses, for the user's own cost modules), files
 written by an earlier line of the block, and a command ends at ``|``, ``>``, ``&&``,
 ``;`` or ``#``. ``...`` stands for options the page leaves out: such a fragment may
 leave out the architecture (its options are parsed with fairseq's transformer), a
@@ -18,6 +19,7 @@ import io
 import os
 import re
 import shlex
+import sys
 from typing import Dict, Iterator, List, NamedTuple
 
 import pytest
@@ -36,6 +38,7 @@ class Command(NamedTuple):
     words: List[str]
     elided: bool = False  # the page wrote ... for options it leaves out
     written: frozenset = frozenset()  # files the block's earlier lines write (``git show ... > FILE``)
+    pythonpath: tuple = ()  # PYTHONPATH=DIR before the command: where the user's own modules are
 
     def __str__(self):
         return f"{self.page}:{self.line}: {' '.join(self.words)}"
@@ -95,7 +98,10 @@ def commands(page: str, text: str = None) -> Iterator[Command]:
             source, joined, first = joined.strip(), "", start
             start = None
             prefix = re.match(r"(?:\w+=\S+\s+)+", source)  # NAME=VALUE ... COMMAND: the command's environment
+            pythonpath = ()
             if prefix and source[prefix.end():].startswith(STARTS):
+                env = dict(item.split("=", 1) for item in prefix.group(0).split())
+                pythonpath = tuple(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)
                 source = source[prefix.end():]
             assignment = re.fullmatch(r"(\w+)=(.*)", source)
             if assignment:
@@ -125,7 +131,7 @@ def commands(page: str, text: str = None) -> Iterator[Command]:
                     break
                 if token != "...":
                     words += _expand(token, variables)
-            yield Command(page, first, words, elided, frozenset(written))
+            yield Command(page, first, words, elided, frozenset(written), pythonpath)
 
 
 def all_commands() -> List[Command]:
@@ -152,6 +158,8 @@ def _parse(command: Command) -> str:
         argv = argv + ["--arch", "transformer_lm" if lm else "transformer"]  # a fragment: its options still parse
     parser = options.get_training_parser() if program == "fairseq-train" else options.get_generation_parser()
     err = io.StringIO()
+    own = [os.path.join(REPO, p) for p in command.pythonpath]  # the page's PYTHONPATH=DIR, from the repository root
+    sys.path[:0] = own
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             options.parse_args_and_arch(parser, argv)
@@ -164,6 +172,8 @@ def _parse(command: Command) -> str:
         return lines[-1] if lines else f"exit {e.code}"
     except Exception as e:  # a ConfigError of a declared rule, fairseq's own checks
         return f"{type(e).__name__}: {e}"
+    finally:
+        del sys.path[:len(own)]
     deprecated = [line for line in err.getvalue().splitlines() if "is deprecated" in line]
     return deprecated[0] if deprecated else ""
 

@@ -30,7 +30,7 @@ def test_text_matches_dictionary_string(post_process):
     cost = SequenceCost("sbleu", d, post_process=post_process)
     rows = [torch.tensor([d.bos(), 4, 5, 6, d.unk(), 7, d.eos(), d.pad()]), torch.tensor([9, 10, 8, d.eos()])]
     for r in rows:  # fairseq's callers strip padding before Dictionary.string; we drop it
-        assert cost._text(r) == d.string(r[r.ne(d.pad())], post_process)
+        assert cost.target.text(r) == d.string(r[r.ne(d.pad())], post_process)
 
 
 def test_symbols_keep_eos_only_for_nonterm():
@@ -74,7 +74,7 @@ def test_batch_scorer_cache_follows_targets(untrained_models):
 def test_parse_cost_spec():
     assert parse_cost_spec("sbleu") == {"sbleu": 1.0}
     assert parse_cost_spec("edit=1,rep=0.5") == {"edit": 1.0, "rep": 0.5}
-    with pytest.raises(ValueError, match="unknown task loss 'bleurt'"):
+    with pytest.raises(ValueError, match="'bleurt' is not a task loss"):
         parse_cost_spec("bleurt")
     with pytest.raises(ValueError, match="not a number"):
         parse_cost_spec("edit=x")
@@ -174,8 +174,8 @@ def test_criteria_score_text_without_pieces_by_default(pieces_bin, toy_raw, crit
     seen = []
     for cost in crit.scorer.costs.values():  # record what the text losses receive
         if cost.loss.input_kind == "text":
-            cost.from_converted = (lambda hyps, refs, sources=None, score=cost.from_converted:
-                                   seen.append((hyps, refs)) or score(hyps, refs, sources))
+            cost.from_converted = (lambda hyps, refs, sources=None, prepared=None, score=cost.from_converted:
+                                   seen.append((hyps, refs)) or score(hyps, refs, sources, prepared))
     refs = crit.scorer.references(batch)
     crit.scorer.score(refs, torch.arange(len(refs)), batch)
     with open(os.path.join(toy_raw, "valid.tgt")) as f:

@@ -14,20 +14,29 @@ nonterm  tokens    no        1 if ŷ contains no EOS else 0
 hamming  tokens    yes       Σ_{i<|y|} w(y_i) [ŷ_i != y_i], optionally normalized
 ======== ========= ========= ====================================================
 
+Your own cost: subclass ``TaskLoss`` in any importable module and name it on the
+command line by import path, ``--mgs-task-loss my_costs:QualityCost`` (also inside a
+weighted sum, ``my_costs:QualityCost=1,sbleu=0.5``); ``task_loss_class`` resolves it.
+A cost may see the source (``needs_source``), run batched on the training device
+(``setup``, ``batch_size``, evaluated under ``torch.no_grad``) and compute what depends
+only on references and sources once per batch (``prepare``), however many candidate
+sets are scored against them.
+
 "text" losses take strings that the caller has already BPE-removed and
 detokenized (``detect_subword_scheme`` tells which subword segmentation a
 vocabulary or a text looks like, so callers can check). "tokens" losses take token sequences (lists or tuples of ints or
 strings, or 1-D LongTensors). For ``edit``, ``rep`` and ``hamming`` the caller
-strips EOS and padding first; ``nonterm`` needs the EOS kept.
+strips EOS and padding first; ``nonterm`` needs the EOS kept. "ids" losses take
+1-D LongTensors of dictionary ids as decoded (EOS kept, padding removed), for a
+cost that runs a model of the same vocabulary.
 
 METEOR is deliberately not provided: it needs WordNet and paraphrase corpora
 downloaded at run time. The ``lm`` cost (negative log-probability under a frozen
 fairseq scorer) lives in a fairseq adapter, which registers it here with
 ``@register_task_loss("lm")``.
 
-This module imports only torch (sacrebleu and editdistance lazily, when a loss
-that needs them is built) and nothing else from the package, so
-``scripts/score/score.py`` can load it by file path without importing fairseq.
+This module imports torch and ``core.constraints`` (sacrebleu and editdistance
+lazily, when a loss that needs them is built), no fairseq.
 """
 from __future__ import annotations
 
@@ -36,6 +45,8 @@ import math
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 import torch
+
+from fairseq_ext.core.constraints import Rule
 
 Token = Union[int, str]
 TokenSeq = Union[Sequence[Token], torch.Tensor]
@@ -56,28 +67,109 @@ def register_task_loss(name: str) -> Callable[[type["TaskLoss"]], type["TaskLoss
             )
         if not (isinstance(cls, type) and issubclass(cls, TaskLoss)):
             raise TypeError(f"task loss {name!r} must be a subclass of TaskLoss, got {cls!r}")
-        if cls.input_kind not in ("text", "tokens"):
-            raise ValueError(
-                f"task loss {name!r}: input_kind must be 'text' or 'tokens', got {cls.input_kind!r}"
-            )
+        _check_kinds(name, cls)
         TASK_LOSSES[name] = cls
         return cls
 
     return register
 
 
+INPUT_KINDS = ("text", "tokens", "ids")
+
+
 def task_loss_names() -> list[str]:
-    """Sorted names of all registered task losses."""
+    """Sorted names of all registered task losses (import paths once resolved included)."""
     return sorted(TASK_LOSSES)
 
 
+def task_loss_class(name: str) -> type["TaskLoss"]:
+    """The cost class of ``name``: a registered name, or an import path ``module:Class``
+    (``module`` importable: installed, or on ``PYTHONPATH``). An import path is
+    registered under itself the first time it resolves. Raises ``ValueError`` saying
+    what is wrong: an unknown name, a module that does not import, a missing
+    attribute, or an object that is not a ``TaskLoss`` subclass."""
+    if name in TASK_LOSSES:
+        return TASK_LOSSES[name]
+    module_name, sep, attr = name.partition(":")
+    if not sep:
+        raise ValueError(f"{name!r} is not a task loss (registered: {', '.join(task_loss_names())}; "
+                         "or your own as module:Class)")
+    if not module_name or not attr:
+        raise ValueError(f"{name!r} is not an import path module:Class")
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"{module_name!r} does not import ({err}); is its folder on PYTHONPATH?") from None
+    except Exception as err:  # the user's module failed while importing
+        raise ValueError(f"importing {module_name!r} failed: {type(err).__name__}: {err}") from None
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise ValueError(f"module {module_name!r} has no {attr!r}")
+    if not (isinstance(cls, type) and issubclass(cls, TaskLoss)):
+        raise ValueError(f"{name!r} is a {type(cls).__name__}, not a subclass of "
+                         "fairseq_ext.core.task_losses.TaskLoss")
+    _check_kinds(name, cls)
+    TASK_LOSSES[name] = cls
+    return cls
+
+
+def parse_task_loss_spec(spec: str) -> dict[str, float]:
+    """``"sbleu"`` -> {"sbleu": 1.0}; ``"edit=1,rep=0.5"`` -> {"edit": 1.0, "rep": 0.5}; a name may
+    be the import path of the user's own cost, ``"my_costs:QualityCost=1,sbleu=0.5"``.
+    Raises ``ValueError`` saying what is wrong (see ``task_loss_class``)."""
+    out: dict[str, float] = {}
+    for item in (spec or "").split(","):
+        item = item.strip()
+        if not item:
+            raise ValueError(f"{spec!r} has an empty item")
+        name, sep, weight = item.partition("=")
+        name = name.strip()
+        task_loss_class(name)
+        try:
+            w = float(weight) if sep else 1.0
+        except ValueError:
+            raise ValueError(f"the weight of {name!r} is not a number: {weight!r}") from None
+        if not math.isfinite(w):
+            raise ValueError(f"the weight of {name!r} is not finite: {weight!r}")
+        if name in out:
+            raise ValueError(f"{name!r} is given twice")
+        out[name] = w
+    return out
+
+
+class TaskLossSpec(Rule):
+    """The constraint of a ``--*-task-loss`` option: every name resolves (a registered cost or
+    the user's ``module:Class``), every weight is a number; the message says what is wrong."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda value: True, "a task loss or a weighted sum of them (sbleu; edit=1,rep=0.5; "
+                                             "my_costs:MyCost=1,sbleu=0.5)", "nosuchcost")
+
+    def problem(self, value) -> Optional[str]:
+        try:
+            parse_task_loss_spec(value)
+        except ValueError as err:
+            return (f"must be {self.text}: {err}").replace("{", "{{").replace("}", "}}")
+        return None
+
+
+TASK_LOSS_SPEC = TaskLossSpec()
+
+
+def _check_kinds(name: str, cls: type) -> None:
+    for attr in ("input_kind", "source_kind"):
+        kind = getattr(cls, attr)
+        if kind is not None and kind not in INPUT_KINDS:
+            raise ValueError(f"task loss {name!r}: {attr} must be one of {', '.join(INPUT_KINDS)}, got {kind!r}")
+    if cls.batch_size is not None and not (isinstance(cls.batch_size, int) and cls.batch_size >= 1):
+        raise ValueError(f"task loss {name!r}: batch_size must be a positive int or None, got {cls.batch_size!r}")
+
+
 def build_task_loss(name: str, **options) -> "TaskLoss":
-    """Instantiate the task loss registered as ``name`` with keyword ``options``."""
-    if name not in TASK_LOSSES:
-        raise ValueError(
-            f"unknown task loss {name!r}; valid names: {', '.join(task_loss_names())}"
-        )
-    cls = TASK_LOSSES[name]
+    """Instantiate the task loss ``name`` (registered, or ``module:Class``) with keyword ``options``."""
+    cls = task_loss_class(name)
     signature = inspect.signature(cls)
     try:
         signature.bind(**options)
@@ -90,54 +182,106 @@ def build_task_loss(name: str, **options) -> "TaskLoss":
 
 
 class TaskLoss:
-    """A sequence-level cost Δ(ŷ, y), evaluated on a batch.
+    """A sequence-level cost Δ(ŷ, y) (or Δ(ŷ, y, x) with the source x), evaluated on a batch.
 
-    Subclasses set ``needs_reference`` and ``input_kind`` ("text" or "tokens") and
-    implement ``sentence_cost``; a loss that is cheaper batched (e.g. a model
-    scorer) overrides ``batch_cost`` instead.
+    Subclasses set ``needs_reference``, ``input_kind`` ("text", "tokens" or "ids")
+    and implement ``sentence_cost``; a loss that is cheaper batched (e.g. a model
+    scorer) overrides ``batch_cost`` instead. A cost that reads the source sets
+    ``needs_source`` (and ``source_kind``, default its ``input_kind``): the source of
+    each hypothesis then comes beside it, in that kind (encoder-decoder tasks: the
+    source sentence; text completion: the prefix).
+
+    A neural cost: ``setup(device)`` is called once with the training device before
+    the first evaluation (move its model there and to eval mode); every evaluation
+    runs under ``torch.no_grad``, in chunks of at most ``batch_size`` hypotheses
+    (None: all at once); ``prepare(refs, sources)`` computes, once per batch, what
+    depends only on the references and sources (e.g. their encodings), one item per
+    input, and ``batch_cost`` receives the items of its hypotheses' inputs as
+    ``prepared``.
     """
 
     needs_reference: bool = True
+    needs_source: bool = False
     input_kind: str = "text"
+    source_kind: Optional[str] = None  # None: as input_kind
+    batch_size: Optional[int] = None
 
-    def __call__(self, hyps: Sequence, refs: Optional[Sequence] = None) -> torch.Tensor:
-        """Costs of B hypotheses against B references.
+    def setup(self, device: torch.device) -> None:
+        """Called once, before the first evaluation, with the training device."""
+
+    def prepare(self, refs: Optional[list], sources: Optional[list]) -> Optional[Sequence]:
+        """What depends only on the batch's references and sources: None, or one item per input."""
+        return None
+
+    def __call__(self, hyps: Sequence, refs: Optional[Sequence] = None, sources: Optional[Sequence] = None,
+                 prepared: Optional[Sequence] = None) -> torch.Tensor:
+        """Costs of B hypotheses against B references (and B sources).
 
         Args:
-            hyps: B strings ("text") or B token sequences ("tokens").
+            hyps: B strings ("text"), B token sequences ("tokens") or B 1-D id tensors ("ids").
             refs: B references of the same kind; required iff ``needs_reference``.
+            sources: B sources (``source_kind``); required iff ``needs_source``.
+            prepared: B items of ``prepare`` (each hypothesis's input's), or None.
 
         Returns:
             float32 CPU tensor of shape (B,).
         """
         hyps = [self._check_item(h, "hypothesis") for h in hyps]
-        if refs is None:
-            if self.needs_reference:
-                raise ValueError(f"{type(self).__name__} needs references, but refs is None")
-        else:
-            refs = [self._check_item(r, "reference") for r in refs]
-            if len(refs) != len(hyps):
-                raise ValueError(
-                    f"{type(self).__name__}: {len(hyps)} hypotheses but {len(refs)} references"
-                )
-        costs = self.batch_cost(hyps, refs)
-        return torch.as_tensor(costs, dtype=torch.float32).detach().cpu().reshape(len(hyps))
+        refs = self._check_side(refs, len(hyps), "references", self.needs_reference)
+        sources = self._check_side(sources, len(hyps), "sources", self.needs_source, self.source_kind)
+        if prepared is not None and len(prepared) != len(hyps):
+            raise ValueError(f"{type(self).__name__}: {len(hyps)} hypotheses but {len(prepared)} prepared items")
+        step = self.batch_size or max(len(hyps), 1)
+        out = []
+        with torch.no_grad():
+            for i in range(0, len(hyps), step):
+                part = slice(i, i + step)
+                args = (hyps[part], refs[part] if refs is not None else None)
+                if self.needs_source or prepared is not None:
+                    costs = self.batch_cost(*args, sources=sources[part] if sources is not None else None,
+                                            prepared=prepared[part] if prepared is not None else None)
+                else:
+                    costs = self.batch_cost(*args)
+                out.append(torch.as_tensor(costs, dtype=torch.float32).detach().cpu().reshape(-1))
+        costs = torch.cat(out) if out else torch.zeros(0)
+        if costs.numel() != len(hyps):
+            raise ValueError(f"{type(self).__name__}: {len(hyps)} hypotheses but {costs.numel()} costs")
+        return costs
 
-    def batch_cost(
-        self, hyps: list, refs: Optional[list]
-    ) -> Union[list[float], torch.Tensor]:
-        """B costs; ``refs`` is None or has length B. Defaults to a loop over sentences."""
-        if refs is None:
-            return [self.sentence_cost(h, None) for h in hyps]
-        return [self.sentence_cost(h, r) for h, r in zip(hyps, refs)]
+    def batch_cost(self, hyps: list, refs: Optional[list], sources: Optional[list] = None,
+                   prepared: Optional[Sequence] = None) -> Union[list[float], torch.Tensor]:
+        """B costs; ``refs`` / ``sources`` / ``prepared`` are None or have length B. Defaults
+        to a loop over sentences (with the source when the cost needs it)."""
+        rs = refs if refs is not None else [None] * len(hyps)
+        if self.needs_source:
+            return [self.sentence_cost(h, r, x) for h, r, x in zip(hyps, rs, sources)]
+        return [self.sentence_cost(h, r) for h, r in zip(hyps, rs)]
 
-    def sentence_cost(self, hyp, ref) -> float:
-        """Cost of one hypothesis (str or list of tokens) against one reference."""
+    def sentence_cost(self, hyp, ref, source=None) -> float:
+        """Cost of one hypothesis against one reference (and its source, with ``needs_source``)."""
         raise NotImplementedError
 
-    def _check_item(self, item, role: str):
-        """Validate one input; token sequences come back as plain lists."""
-        if self.input_kind == "text":
+    def _check_side(self, items: Optional[Sequence], n: int, role: str, needed: bool,
+                    kind: Optional[str] = None) -> Optional[list]:
+        if items is None:
+            if needed:
+                raise ValueError(f"{type(self).__name__} needs {role}, but none were given")
+            return None
+        checked = [self._check_item(x, role[:-1], kind) for x in items]
+        if len(checked) != n:
+            raise ValueError(f"{type(self).__name__}: {n} hypotheses but {len(checked)} {role}")
+        return checked
+
+    def _check_item(self, item, role: str, kind: Optional[str] = None):
+        """Validate one input; token sequences come back as plain lists, ids as 1-D tensors."""
+        kind = kind or self.input_kind
+        if kind == "ids":
+            item = torch.as_tensor(item, dtype=torch.long)
+            if item.dim() != 1:
+                raise ValueError(f"{type(self).__name__}: each {role} must be a 1-D id tensor, got shape "
+                                 f"{tuple(item.shape)}")
+            return item
+        if kind == "text":
             if not isinstance(item, str):
                 raise TypeError(
                     f"{type(self).__name__} takes text: each {role} must be a str, "

@@ -19,7 +19,8 @@ from torch import Tensor
 from fairseq_ext.runtime.clock import check_model_at_start
 from fairseq_ext.runtime.distributed import forward_in_wrapper
 from fairseq_ext.decoding.candidates import DecodeConfig, sequence_log_probs
-from fairseq_ext.decoding.scoring import BatchScorer, check_candidate_model, log_sentence_means, reference_nll
+from fairseq_ext.decoding.scoring import (BatchScorer, check_candidate_model, log_cost_seconds, log_sentence_means,
+                                          reference_nll)
 
 
 class CandidateRiskCriterion(FairseqCriterion):
@@ -67,6 +68,7 @@ class CandidateRiskCriterion(FairseqCriterion):
             "ntokens": sample["ntokens"],
             "nsentences": bsz,
             "sample_size": bsz,
+            "cost_seconds": self.scorer.take_seconds(),
             **extra,
         }
         return loss, bsz, logging_output
@@ -74,6 +76,7 @@ class CandidateRiskCriterion(FairseqCriterion):
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
         log_sentence_means(logging_outputs, cls.LOG_KEYS)
+        log_cost_seconds(logging_outputs)
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:

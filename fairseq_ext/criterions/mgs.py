@@ -36,7 +36,8 @@ from fairseq_ext.runtime.distributed import all_reduce_sum_, pooled_mean, unwrap
 from fairseq_ext.runtime.validation import check_options
 from fairseq_ext.decoding.candidates import STRATEGIES, DecodeConfig
 from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
-from fairseq_ext.decoding.scoring import BatchScorer, check_candidate_model
+from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
+from fairseq_ext.decoding.scoring import TASK_LOSS_HELP, BatchScorer, check_candidate_model, log_cost_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class MGSConfig(FairseqDataclass):
     mgs_alpha: float = field(default=1.0, metadata={"help": "alpha, temperature of the candidate weights (eq. 2)",
                                                     "constraint": above(0)})
     mgs_task_loss: str = field(
-        default="sbleu", metadata={"help": "task loss C: a registered cost or a weighted sum, e.g. 'edit=1,rep=0.5'"}
+        default="sbleu", metadata={"help": TASK_LOSS_HELP.format(what="task loss C"), "constraint": TASK_LOSS_SPEC}
     )
     mgs_decoder: ChoiceEnum(STRATEGIES) = field(
         default="greedy", metadata={"help": "decoding algorithm F used to compute C",
@@ -217,6 +218,7 @@ class MGSCriterion(FairseqCriterion):
             "mgs_direction_norm": direction_norm,
             "mgs_logq_std": float(log_q_t.std(unbiased=False)),
             "mgs_skipped": 0.0 if finite else 1.0,
+            "cost_seconds": self.scorer.take_seconds(),
         }
         logging_output.update({f"mgs_{k}": v for k, v in stats.items()})
         return surrogate, 1, logging_output
@@ -233,6 +235,7 @@ class MGSCriterion(FairseqCriterion):
             )
         cand, batch = self.scorer.decode(module, sample, self.greedy_cfg)
         total, per_name = self.scorer.score(cand.as_list(), cand.source_index, batch)
+        self.scorer.take_seconds()  # validation's cost time is not an update's
         ntokens = int(target.ne(self.padding_idx).sum())
         logging_output = {
             "loss": float(nll), "nll_loss": float(nll), "ntokens": ntokens, "nsentences": sample["nsentences"],
@@ -259,6 +262,7 @@ class MGSCriterion(FairseqCriterion):
             for key in ("cand_mean", "cand_best", "weight_entropy", "weight_std", "mle_weight", "top_is_mle",
                         "mle_grad_norm", "cand_norm", "direction_norm", "logq_std", "skipped"):
                 metrics.log_scalar(f"mgs_{key}", total(f"mgs_{key}") / count, count, round=4)
+            log_cost_seconds(logging_outputs)
             return
         # validation: MLE loss in base 2 per token (fairseq convention) and the greedy task losses
         if ntok > 0:

@@ -19,7 +19,8 @@ from fairseq_ext.core.risk import distinct_mask, mrt_distribution, mrt_risk, nor
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
 from fairseq_ext.decoding.candidates import STRATEGIES, DecodeConfig
 from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
-from fairseq_ext.decoding.scoring import BatchScorer
+from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
+from fairseq_ext.decoding.scoring import TASK_LOSS_HELP, BatchScorer
 from fairseq_ext.runtime.validation import check_options
 
 
@@ -48,7 +49,8 @@ class MRTConfig(FairseqDataclass):
         default=0.1, metadata={"help": "weight of the reference's per-token NLL added to each sentence's risk",
                                "constraint": at_least(0)}
     )
-    mrt_task_loss: str = field(default="sbleu", metadata={"help": "task loss: a registered cost or 'edit=1,rep=0.5'"})
+    mrt_task_loss: str = field(default="sbleu", metadata={"help": TASK_LOSS_HELP.format(what="task loss"),
+                                                          "constraint": TASK_LOSS_SPEC})
     mrt_max_len_ratio: float = field(default=1.3, metadata={"help": "max length: ratio x longest reference",
                                                             "parameter": (DecodeConfig, "max_len_ref_ratio")})
     mrt_post_process: str = field(default="auto", metadata={"help": POST_PROCESS_HELP})

@@ -23,7 +23,8 @@ from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
 from fairseq_ext.runtime.distributed import pooled_mean
 from fairseq_ext.decoding.candidates import DecodeConfig
 from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
-from fairseq_ext.decoding.scoring import BatchScorer
+from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
+from fairseq_ext.decoding.scoring import TASK_LOSS_HELP, BatchScorer
 from fairseq_ext.runtime.validation import check_options
 
 
@@ -43,7 +44,8 @@ class PGConfig(FairseqDataclass):
         default=0.1, metadata={"help": "weight of the reference's per-token NLL added to each sentence's loss",
                                "constraint": at_least(0)}
     )
-    pg_task_loss: str = field(default="sbleu", metadata={"help": "task loss: a registered cost or 'edit=1,rep=0.5'"})
+    pg_task_loss: str = field(default="sbleu", metadata={"help": TASK_LOSS_HELP.format(what="task loss"),
+                                                         "constraint": TASK_LOSS_SPEC})
     pg_max_len_ratio: float = field(default=1.3, metadata={"help": "max length: ratio x longest reference",
                                                            "parameter": (DecodeConfig, "max_len_ref_ratio")})
     pg_post_process: str = field(default="auto", metadata={"help": POST_PROCESS_HELP})

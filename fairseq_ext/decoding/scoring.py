@@ -7,6 +7,7 @@ of registered task losses (``--*-task-loss "edit"`` or ``"edit=1,rep=0.5"``)
 against the references (and the sources / prefixes for the ``lm`` cost).
 """
 import copy
+import time
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -14,32 +15,26 @@ from fairseq import utils
 from torch import Tensor
 
 from fairseq_ext.runtime.cli import ConfigError
-from fairseq_ext.core.task_losses import TASK_LOSSES, task_loss_names
+from fairseq_ext.core.task_losses import TASK_LOSS_SPEC, parse_task_loss_spec, task_loss_class
 from fairseq_ext.runtime.distributed import unwrap
 from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates, sequence_log_probs
 from fairseq_ext.decoding.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process
 from fairseq_ext.tasks.text_completion import TextCompletionTask, prefix_sample
 
 
+TASK_LOSS_HELP = ("{what}: a registered cost (sbleu, chrf, edit, rep, nonterm, hamming, lm), your own as "
+                  "module:Class (a TaskLoss subclass importable from PYTHONPATH), or a weighted sum, e.g. "
+                  "'edit=1,rep=0.5' or 'my_costs:Quality=1,sbleu=0.5'")
+
+
 def parse_cost_spec(spec: str, option: str = "--mgs-task-loss") -> Dict[str, float]:
-    """``"sbleu"`` -> {"sbleu": 1.0}; ``"edit=1,rep=0.5"`` -> {"edit": 1.0, "rep": 0.5}."""
-    out: Dict[str, float] = {}
-    for item in (spec or "").split(","):
-        item = item.strip()
-        if not item:
-            raise ConfigError(f"{option}: empty item in {spec!r}")
-        name, sep, weight = item.partition("=")
-        name = name.strip()
-        if name not in task_loss_names():
-            raise ConfigError(f"{option}: unknown task loss {name!r}; valid: {', '.join(task_loss_names())}")
-        try:
-            w = float(weight) if sep else 1.0
-        except ValueError:
-            raise ConfigError(f"{option}: weight of {name!r} is not a number: {weight!r}") from None
-        if name in out:
-            raise ConfigError(f"{option}: {name!r} given twice")
-        out[name] = w
-    return out
+    """``"sbleu"`` -> {"sbleu": 1.0}; ``"edit=1,rep=0.5"`` -> {"edit": 1.0, "rep": 0.5}; a name
+    may be the import path of the user's own cost, ``"my_costs:QualityCost=1,sbleu=0.5"``.
+    A bad spec: the ConfigError of the option (the message of its constraint)."""
+    problem = TASK_LOSS_SPEC.problem(spec)
+    if problem is not None:
+        raise ConfigError(f"{option} " + problem.replace("{{", "{").replace("}}", "}"))
+    return parse_task_loss_spec(spec)
 
 
 def check_candidate_model(task, model, criterion: str) -> None:
@@ -69,18 +64,35 @@ class BatchScorer:
                  criterion: str = "mgs"):
         self.weights = parse_cost_spec(spec, f"--{criterion}-task-loss")
         self.dictionary = task.target_dictionary
-        text_costs = [name for name in self.weights if TASK_LOSSES[name].input_kind == "text"]
-        self.post_process = resolve_post_process(post_process, self.dictionary, f"--{criterion}-post-process",
-                                                 text_costs)
+        classes = {name: task_loss_class(name) for name in self.weights}
+        option = f"--{criterion}-post-process"
+        text_costs = [name for name, cls in classes.items() if cls.input_kind == "text"]
+        self.post_process = resolve_post_process(post_process, self.dictionary, option, text_costs)
+        # the sources: the source sentences of a translation task, the prefixes (target side) of text completion
+        source_dictionary = None
+        if not isinstance(task, TextCompletionTask) and getattr(task, "source_dictionary", None) is not None:
+            source_dictionary = task.source_dictionary
+        source_text = [name for name, cls in classes.items()
+                       if cls.needs_source and (cls.source_kind or cls.input_kind) == "text"]
+        source_post_process = (resolve_post_process(post_process, source_dictionary, option + " (sources)",
+                                                    source_text) if source_dictionary is not None else None)
         self.score_model_path = score_model
         self.costs: Dict[str, SequenceCost] = {}
         self._cache = None
+        self.seconds = 0.0  # time spent computing costs, since the caller last reset it
         for name in self.weights:
             if name == "lm":
                 continue  # built lazily: needs the scorer
-            self.costs[name] = SequenceCost(name, self.dictionary, post_process=self.post_process)
+            self.costs[name] = SequenceCost(name, self.dictionary, post_process=self.post_process,
+                                            source_dictionary=source_dictionary,
+                                            source_post_process=source_post_process)
         if "lm" in self.weights and score_model is not None:
             self.costs["lm"] = SequenceCost("lm", self.dictionary, scorer=LMScorerCost.from_checkpoint(score_model).scorer)
+
+    def take_seconds(self) -> float:
+        """Seconds spent computing costs since the last call (for the criteria's ``cost_seconds``)."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
 
     def ensure_lm_scorer(self, model) -> None:
         """Freeze a copy of ``model`` as the ``lm`` scorer, once (when no checkpoint was given)."""
@@ -109,27 +121,31 @@ class BatchScorer:
         batch, prefix = self.decode_inputs(sample, self.dictionary)
         return decode_candidates(unwrap(model), batch, cfg, prefix_tokens=prefix, generator=generator), batch
 
-    def _prepared(self, batch: Dict) -> Tuple[Dict[str, list], List[Tensor]]:
-        """References converted for every cost, and the sources, for this batch; cached
-        while the batch's targets stay the same (MGS scores one batch K + 1 times)."""
-        target = batch["target"]
+    def _prepared(self, batch: Dict) -> Dict[str, Tuple[Optional[list], Optional[list], Optional[list]]]:
+        """Per cost: the batch's references and sources converted for it, and its ``prepare``
+        of them; cached while the batch stays the same (MGS scores one batch K + 1 times)."""
+        target, source = batch["target"], batch["net_input"]["src_tokens"]
         cache = self._cache
-        if cache is not None and cache[0].shape == target.shape and torch.equal(cache[0], target):
-            return cache[1], cache[2]
-        refs = self.references(batch)
-        converted = {name: cost.convert_refs(refs) for name, cost in self.costs.items()}
-        sources = self.sources(batch)
-        self._cache = (target.clone(), converted, sources)
-        return converted, sources
+        if (cache is not None and cache[0].shape == target.shape and torch.equal(cache[0], target)
+                and cache[1].shape == source.shape and torch.equal(cache[1], source)):
+            return cache[2]
+        refs, sources = self.references(batch), self.sources(batch)
+        out = {}
+        for name, cost in self.costs.items():
+            cost.setup(target.device)
+            r, x = cost.convert_refs(refs), cost.convert_sources(sources)
+            out[name] = (r, x, cost.loss.prepare(r, x))
+        self._cache = (target.clone(), source.clone(), out)
+        return out
 
     def score(self, hyps: List[Tensor], source_index: Tensor, batch: Dict) -> Tuple[Tensor, Dict[str, Tensor]]:
         """(weighted cost per hypothesis (N,), {name: per-hypothesis cost}); hypothesis j
         answers input ``source_index[j]`` of ``batch``."""
         if batch.get("target") is None:
             raise ValueError("sequence-level task losses need references: the batch has no target")
+        start = time.perf_counter()
         idx = source_index.tolist()
-        refs_all, srcs_all = self._prepared(batch)
-        srcs = [srcs_all[i] for i in idx]
+        prepared = self._prepared(batch)
         per_name = {}
         # most costs are computed on the CPU (strings, edit distances), an LM's on its device; all
         # are returned on the device of the hypotheses' indices, i.e. the model's, where the criteria
@@ -137,10 +153,12 @@ class BatchScorer:
         total = torch.zeros(len(hyps), device=source_index.device)
         for name, w in self.weights.items():
             cost = self.costs[name]
-            refs = [refs_all[name][i] for i in idx]
-            c = cost.from_converted(cost.convert_hyps(hyps), refs, sources=srcs).to(total.device)
+            refs, sources, items = ([side[i] for i in idx] if side is not None else None
+                                    for side in prepared[name])
+            c = cost.from_converted(cost.convert_hyps(hyps), refs, sources, items).to(total.device)
             per_name[name] = c
             total += w * c
+        self.seconds += time.perf_counter() - start
         return total, per_name
 
 
@@ -151,6 +169,15 @@ def reference_nll(model, batch: Dict, prefix_tokens: Optional[Tensor] = None) ->
     refs = [utils.strip_pad(t, pad) for t in batch["target"]]
     index = torch.arange(len(refs), device=batch["target"].device)
     return -sequence_log_probs(model, batch, refs, index, prefix_tokens=prefix_tokens)
+
+
+def log_cost_seconds(logging_outputs) -> None:
+    """fairseq metric ``cost_seconds``: seconds of task-loss computation per update, summed over
+    micro-batches and workers (what the metric costs; decoding not included)."""
+    from fairseq import metrics
+
+    if any("cost_seconds" in log for log in logging_outputs):
+        metrics.log_scalar("cost_seconds", sum(log.get("cost_seconds", 0.0) for log in logging_outputs), round=3)
 
 
 def log_sentence_means(logging_outputs, keys) -> None:

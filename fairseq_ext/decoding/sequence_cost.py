@@ -80,15 +80,15 @@ def resolve_post_process(value: Optional[str], dictionary, option: str, costs: S
 class LMScorerCost(TaskLoss):
     """-sum_t log p_scorer(y_t | y_<t, x) of each hypothesis (``normalize``: per token).
 
-    Called with token-id hypotheses (1-D LongTensors ending in EOS where one was
-    produced) and, as ``sources``, the source sentences (encoder-decoder scorer)
-    or the prefixes (decoder-only scorer). The scorer is put in eval mode and
-    never receives gradients.
+    Hypotheses are token ids (1-D LongTensors ending in EOS where one was produced);
+    the sources are the source sentences (encoder-decoder scorer) or the prefixes
+    (decoder-only scorer). The scorer is put in eval mode and never receives gradients;
+    it stays on the device it was loaded to (``setup`` moves it to the training device).
     """
 
     needs_reference = False
     needs_source = True
-    input_kind = "tokens"
+    input_kind = "ids"
 
     def __init__(self, scorer: torch.nn.Module, normalize: bool = False, left_pad_source: bool = True):
         self.scorer = scorer.eval()
@@ -104,19 +104,20 @@ class LMScorerCost(TaskLoss):
         models, _ = checkpoint_utils.load_model_ensemble([path])
         return cls(models[0], normalize=normalize)
 
-    @torch.no_grad()
-    def __call__(self, hyps: Sequence[Tensor], refs=None, sources: Optional[Sequence[Tensor]] = None) -> Tensor:
-        if sources is None or len(sources) != len(hyps):
-            raise ValueError("the lm task loss needs one source (or prefix) per hypothesis")
+    def setup(self, device: torch.device) -> None:
+        self.scorer.to(device)
+
+    def batch_cost(self, hyps: List[Tensor], refs=None, sources: Optional[List[Tensor]] = None,
+                   prepared=None) -> Tensor:
         decoder = self.scorer.decoder
         pad, eos = decoder.dictionary.pad(), decoder.dictionary.eos()
         device = next(self.scorer.parameters()).device
-        hyps = [torch.as_tensor(h, dtype=torch.long).view(-1).to(device) for h in hyps]
-        sources = [torch.as_tensor(s, dtype=torch.long).view(-1).to(device) for s in sources]
+        hyps = [h.to(device) for h in hyps]
+        sources = [x.to(device) for x in sources]
         index = torch.arange(len(hyps), device=device)
         if getattr(self.scorer, "encoder", None) is not None:
             src = data_utils.collate_tokens(sources, pad, eos, left_pad=self.left_pad_source)
-            sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([len(s) for s in sources], device=device)}}
+            sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([len(x) for x in sources], device=device)}}
             lp = sequence_log_probs(self.scorer, sample, hyps, index)
         else:
             prefixes = data_utils.collate_tokens(sources, pad, eos, left_pad=False)
@@ -125,70 +126,68 @@ class LMScorerCost(TaskLoss):
         costs = -lp
         if self.normalize:
             costs = costs / torch.tensor([max(len(h), 1) for h in hyps], device=device)
-        return costs.float().cpu()
+        return costs.float()
 
 
 class SequenceCost:
     """Costs of fairseq token tensors under a named task loss.
 
     name: a registered task loss (``sbleu``, ``chrf``, ``edit``, ``rep``,
-        ``nonterm``, ``hamming``, ``lm``).
+        ``nonterm``, ``hamming``, ``lm``) or the import path of the user's own
+        (``module:Class``).
     dictionary: the target dictionary the token ids refer to.
     post_process: BPE removal for text losses (fairseq's ``--post-process``
         values: ``sentencepiece``, ``subword_nmt``, ``@@ ``, ...).
     tokenizer: optional fairseq tokenizer (e.g. moses) whose ``decode`` detokenizes.
+    source_dictionary, source_post_process: the same for the sources, for a loss
+        that reads them (default: the target's).
     options: passed to the loss (e.g. ``n=4`` for ``rep``, ``weights`` for
         ``hamming``, ``scorer`` for ``lm``).
     """
 
-    def __init__(self, name: str, dictionary, post_process: Optional[str] = None, tokenizer=None, **options):
+    def __init__(self, name: str, dictionary, post_process: Optional[str] = None, tokenizer=None,
+                 source_dictionary=None, source_post_process: Optional[str] = None, **options):
         if name == "nonterm":
             options.setdefault("eos", dictionary[dictionary.eos()])
         self.loss = build_task_loss(name, **options)
         self.name = name
-        self.dictionary = dictionary
-        self.post_process = post_process
-        self.tokenizer = tokenizer
-        self._symbols = list(dictionary.symbols)
-        self._special = {dictionary.pad(), dictionary.eos(), dictionary.bos()}
+        self.target = _Side(dictionary, post_process, tokenizer)
+        self.source = _Side(source_dictionary or dictionary,
+                            source_post_process if source_dictionary is not None else post_process, tokenizer)
+        self._ready = False
 
     @property
     def needs_reference(self) -> bool:
         return self.loss.needs_reference
 
-    def _text(self, tokens: Tensor) -> str:
-        """As ``Dictionary.string(tokens, post_process)`` (EOS, BOS and padding dropped),
-        without its per-token overhead; then the tokenizer's ``decode``."""
-        drop = self._special
-        sent = " ".join(self._symbols[t] for t in tokens.tolist() if t not in drop)
-        sent = data_utils.post_process(sent, self.post_process)
-        return self.tokenizer.decode(sent) if self.tokenizer is not None else sent
+    @property
+    def needs_source(self) -> bool:
+        return self.loss.needs_source
 
-    def _symbols_of(self, tokens: Tensor, keep_eos: bool) -> List[str]:
-        d = self.dictionary
-        drop = {d.pad()} if keep_eos else {d.pad(), d.eos()}
-        return [self._symbols[t] for t in tokens.tolist() if t not in drop]
+    def setup(self, device) -> None:
+        """The loss's ``setup`` on the training device, once."""
+        if not self._ready:
+            self.loss.setup(device)
+            self._ready = True
 
     def convert_hyps(self, hyps: Sequence[Tensor]) -> list:
-        """Hypotheses in the form the loss takes (text or symbols; ids for the lm cost)."""
-        if getattr(self.loss, "needs_source", False):
-            return list(hyps)
-        if self.loss.input_kind == "text":
-            return [self._text(t) for t in hyps]
-        return [self._symbols_of(t, keep_eos=self.name == "nonterm") for t in hyps]
+        """Hypotheses in the form the loss takes (text, symbols or ids)."""
+        return self.target.convert(hyps, self.loss.input_kind, keep_eos=self.name == "nonterm")
 
     def convert_refs(self, refs: Sequence[Tensor]) -> list:
-        """References in the form the loss takes (EOS always dropped)."""
-        if getattr(self.loss, "needs_source", False):
-            return list(refs)
-        if self.loss.input_kind == "text":
-            return [self._text(t) for t in refs]
-        return [self._symbols_of(t, keep_eos=False) for t in refs]
+        """References in the form the loss takes (EOS dropped from text and symbols)."""
+        return self.target.convert(refs, self.loss.input_kind, keep_eos=False)
 
-    def from_converted(self, hyps: list, refs: Optional[list], sources=None) -> Tensor:
-        if getattr(self.loss, "needs_source", False):
-            return self.loss(hyps, sources=sources)
-        return self.loss(hyps, refs)
+    def convert_sources(self, sources: Sequence[Tensor]) -> Optional[list]:
+        """Sources in the form the loss takes, or None for a loss that does not read them."""
+        if not self.loss.needs_source:
+            return None
+        return self.source.convert(sources, self.loss.source_kind or self.loss.input_kind, keep_eos=False)
+
+    def from_converted(self, hyps: list, refs: Optional[list], sources: Optional[list] = None,
+                       prepared=None) -> Tensor:
+        return self.loss(hyps, refs if self.loss.needs_reference else None,
+                         sources if self.loss.needs_source else None, prepared)
 
     def __call__(
         self,
@@ -197,6 +196,35 @@ class SequenceCost:
         sources: Optional[Sequence[Tensor]] = None,
     ) -> Tensor:
         """hyps, refs, sources: B 1-D LongTensors of dictionary ids. Returns (B,) costs."""
-        if getattr(self.loss, "needs_source", False):
-            return self.loss(hyps, sources=sources)
-        return self.from_converted(self.convert_hyps(hyps), self.convert_refs(refs) if refs is not None else None)
+        refs = self.convert_refs(refs) if refs is not None else None
+        sources = self.convert_sources(sources) if sources is not None else None
+        prepared = self.loss.prepare(refs, sources)
+        return self.from_converted(self.convert_hyps(hyps), refs, sources, prepared)
+
+
+class _Side:
+    """Token ids of one dictionary into what a loss takes: text (BPE removed, detokenized),
+    symbols, or the ids themselves."""
+
+    def __init__(self, dictionary, post_process: Optional[str], tokenizer):
+        self.dictionary = dictionary
+        self.post_process = post_process
+        self.tokenizer = tokenizer
+        self._symbols = list(dictionary.symbols)
+        self._special = {dictionary.pad(), dictionary.eos(), dictionary.bos()}
+
+    def convert(self, items: Sequence[Tensor], kind: str, keep_eos: bool) -> list:
+        if kind == "ids":
+            return list(items)
+        if kind == "text":
+            return [self.text(t) for t in items]
+        d = self.dictionary
+        drop = {d.pad()} if keep_eos else {d.pad(), d.eos()}
+        return [[self._symbols[t] for t in tokens.tolist() if t not in drop] for tokens in items]
+
+    def text(self, tokens: Tensor) -> str:
+        """As ``Dictionary.string(tokens, post_process)`` (EOS, BOS and padding dropped),
+        without its per-token overhead; then the tokenizer's ``decode``."""
+        sent = " ".join(self._symbols[t] for t in tokens.tolist() if t not in self._special)
+        sent = data_utils.post_process(sent, self.post_process)
+        return self.tokenizer.decode(sent) if self.tokenizer is not None else sent

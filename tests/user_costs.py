@@ -1,0 +1,69 @@
+"""Costs written as a user writes them, outside the package, for tests/test_user_costs.py:
+named on the command line by import path (``--mrt-task-loss user_costs:LengthGap``, with
+this folder on PYTHONPATH)."""
+import torch
+
+from fairseq_ext.core.task_losses import TaskLoss
+
+
+class LengthGap(TaskLoss):
+    """|words of the hypothesis - words of the source| / 10: reads the source, as text."""
+
+    needs_reference = False
+    needs_source = True
+    input_kind = "text"
+
+    def sentence_cost(self, hyp, ref, source):
+        return abs(len(hyp.split()) - len(source.split())) / 10
+
+
+class SourceWords(TaskLoss):
+    """The number of words of the hypothesis's source, whatever the hypothesis: which source
+    reached which hypothesis, and a reference-free cost of the source kind "tokens"."""
+
+    needs_reference = False
+    needs_source = True
+    input_kind = "text"
+    source_kind = "tokens"
+
+    def sentence_cost(self, hyp, ref, source):
+        return float(len(source))
+
+
+class EmbeddingDistance(TaskLoss):
+    """A small neural, source-aware cost: 1 - cosine of the mean embeddings of the hypothesis
+    and of the source under a frozen random embedding (ids of a shared vocabulary); the
+    sources' encodings come from ``prepare``, once per batch. Records what it was given."""
+
+    needs_reference = False
+    needs_source = True
+    input_kind = "ids"
+    batch_size = 3
+
+    def __init__(self, vocab: int = 1000, dim: int = 8, seed: int = 0):
+        self.embed = torch.nn.Embedding(vocab, dim)
+        torch.nn.init.normal_(self.embed.weight, generator=torch.Generator().manual_seed(seed))
+        self.embed.requires_grad_(False)
+        self.calls = {"setup": 0, "prepare": 0, "chunks": [], "grad": []}
+
+    def setup(self, device):
+        self.calls["setup"] += 1
+        self.embed.to(device).eval()
+
+    def encode(self, ids):
+        return self.embed(ids).mean(0)
+
+    def prepare(self, refs, sources):
+        self.calls["prepare"] += 1
+        return [self.encode(x) for x in sources]
+
+    def batch_cost(self, hyps, refs, sources=None, prepared=None):
+        self.calls["chunks"].append(len(hyps))
+        self.calls["grad"].append(torch.is_grad_enabled())
+        h = torch.stack([self.encode(y) for y in hyps])
+        x = torch.stack(list(prepared))
+        return 1 - torch.nn.functional.cosine_similarity(h, x, dim=-1)
+
+
+def not_a_cost(hyps, refs):
+    return [0.0] * len(hyps)
