@@ -1,5 +1,7 @@
 """bench/bench_mgs.py --quick runs end to end and writes its speed and memory rows.
 Timings and memory figures are never asserted."""
+import pytest
+
 from conftest import run_bench
 
 SPEED_KEYS = {"batch_size", "candidates", "mgs_ms", "baseline_ms", "ratio", "target_ratio", "baseline_mle_step_ms",
@@ -10,6 +12,7 @@ MEMORY_KEYS = {"mode", "k", "params", "build_peak_mib", "peak_mib", "param_copy_
 SUMMARY_KEYS = {"k_low", "k_high", "peak_diff_mib", "peak_diff_param_copies", "param_copy_mib", "deep_copy_diff_mib"}
 
 
+@pytest.mark.slow  # a benchmark run end to end: in make test-full and CI
 def test_bench_mgs_quick(tmp_path):
     result = run_bench("bench_mgs.py", tmp_path, "--device", "cpu", timeout=120)
     speed, memory = result["speed"], result["memory"]

@@ -1,8 +1,11 @@
 """bench/bench_soft_beam.py --quick runs end to end and writes its rows. Timings
 and memory are never asserted."""
+import pytest
+
 from conftest import run_bench
 
 
+@pytest.mark.slow  # a benchmark run end to end: in make test-full and CI
 def test_bench_soft_beam_quick(tmp_path):
     rows = run_bench("bench_soft_beam.py", tmp_path, "--device", "cpu", timeout=300)
     assert [(r["model"], r["row"]) for r in rows] == [
