@@ -301,3 +301,25 @@ def test_dss_table_welch_p_values_match_t_tables(tmp_path):
                           text=True, env=cli_env()).stdout.splitlines()
     # t = 2 / sqrt(2/3) = 2.449, df = 4: two-sided p = 0.070
     assert rows[3] == "| dl | 77.00 +- 1.00 | 77.00 +- 1.00 | +2.00, p = 0.07 | 3 |"
+
+
+def test_task_loss_of_the_users_own_cost_reads_the_sources(tmp_path):
+    """--task-loss as the criteria take it: a cost from the user's module (tests/user_costs.py,
+    |words(hyp) - words(source)| / 10 on the S- lines) weighted with edit; by hand:
+    LengthGap (0.4 + 0.1 + 0.6) / 3, edit (0 + 2/4 + 3/5) / 3, total 2 x 0.3667 + 0.3667."""
+    gen = tmp_path / "gen.out"
+    gen.write_text(GENERATE_OUTPUT)
+    env = cli_env(PYTHONPATH=f"{REPO}:{REPO}/tests")
+    proc = subprocess.run(["python", str(SCRIPT), str(gen), "--task-loss", "user_costs:LengthGap=2,edit=1",
+                           "--json", "-"], capture_output=True, text=True, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["cost_user_costs:LengthGap"] == pytest.approx(1.1 / 3)
+    assert out["cost_edit"] == pytest.approx(1.1 / 3)
+    assert out["task_loss"] == pytest.approx(1.1)
+    for spec, message in (("nosuchcost", "--task-loss must be a task loss or a weighted sum of them"),
+                          ("lm", "--task-loss: 'lm' takes token ids")):
+        proc = subprocess.run(["python", str(SCRIPT), str(gen), "--task-loss", spec], capture_output=True,
+                              text=True, cwd=REPO, env=env)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
+            f"score.py: error: {message}"), proc.stderr

@@ -110,4 +110,8 @@ def format_table(results: dict[str, Optional[float]]) -> str:
     for bucket, value in (results.get("bleu_by_source_length") or {}).items():
         text = "n/a" if value is None else f"{value:.2f}"
         rows.append(f"{'BLEU, source ' + bucket:<{width}}  {text:>8}")
+    for key in sorted(k for k in results if k.startswith("cost_")):  # with --task-loss
+        rows.append(f"{'cost ' + key[len('cost_'):]:<{width}}  {results[key]:>8.4f}")
+    if "task_loss" in results:
+        rows.append(f"{'task loss (weighted)':<{width}}  {results['task_loss']:>8.4f}")
     return "\n".join(rows)

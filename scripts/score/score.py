@@ -41,6 +41,8 @@ metrics (edit, rep-4 and lengths use whitespace tokens of the scored text):
   avg_hyp_len    mean hypothesis length in tokens
   n_sentences    number of scored sentences
   precisions     BLEU's 1- to 4-gram precisions (Table 5.5), JSON only
+  task_loss      with --task-loss SPEC: the mean weighted task loss, and
+                 cost_NAME, each cost's mean
   length_ratio   hypothesis / reference length in BLEU's tokens (Table 5.5)
   bleu_by_source_length
                  with --length-buckets 20,30,40: corpus BLEU of the sentences
@@ -68,6 +70,43 @@ def parse_buckets(text: str) -> list[int]:
     return edges
 
 
+def task_loss_costs(spec: str, where: str, have_sources: bool) -> dict:
+    """{name: (weight, cost)} of a --task-loss spec; a cost this script cannot feed (token ids; a
+    source it does not have) is refused, naming the option."""
+    problem = task_losses.TASK_LOSS_SPEC.problem(spec)
+    if problem is not None:
+        raise ConfigError("--task-loss " + problem.replace("{{", "{").replace("}}", "}"))
+    out = {}
+    for name, weight in task_losses.parse_task_loss_spec(spec).items():
+        cls = task_losses.task_loss_class(name)
+        if cls.input_kind == "ids" or (cls.needs_source and (cls.source_kind or cls.input_kind) == "ids"):
+            raise ConfigError(f"--task-loss: {name!r} takes token ids, which text output does not have; score it "
+                              "with the criteria's validation instead")
+        if cls.needs_source and not have_sources:
+            raise ConfigError(f"--task-loss: {name!r} reads the source, and {where} has none "
+                              "(S- lines, or --src with --hyp)")
+        try:
+            out[name] = (weight, task_losses.build_task_loss(name))
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"--task-loss: {name!r} cannot be built without options: {err}") from None
+    return out
+
+
+def mean_task_losses(costs: dict, hyps: list[str], refs: list[str], srcs: list[str]) -> dict:
+    """{"cost_NAME": mean cost, "task_loss": mean weighted sum}; token costs get whitespace tokens."""
+    results, total = {}, 0.0
+    for name, (weight, cost) in costs.items():
+        def kind(texts, k):
+            return texts if k == "text" else [t.split() for t in texts]
+        args = (kind(hyps, cost.input_kind), kind(refs, cost.input_kind) if cost.needs_reference else None,
+                kind(srcs, cost.source_kind or cost.input_kind) if cost.needs_source else None)
+        mean = float(cost(*args).double().mean())
+        results[f"cost_{name}"] = mean
+        total += weight * mean
+    results["task_loss"] = total
+    return results
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=DESCRIPTION,
@@ -93,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--length-buckets", metavar="EDGES", default=None,
         help="also corpus BLEU by source length, e.g. 20,30,40 (the thesis's Table 5.6 buckets)",
+    )
+    parser.add_argument(
+        "--task-loss", metavar="SPEC", default=None,
+        help="also the mean of these task losses, as the criteria's --*-task-loss takes them: a registered "
+             "text or token cost, your own as module:Class (importable from PYTHONPATH; a source-aware one reads "
+             "the S- lines or --src), or a weighted sum, e.g. 'chrf=1,my_costs:LengthGap=0.5'",
     )
     parser.add_argument(
         "--json", metavar="FILE", default=None,
@@ -133,6 +178,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             where = args.generate_output if args.generate_output not in (None, "-") else "<stdin>"
         if edges is not None and not any(srcs):
             raise ConfigError(f"--length-buckets needs sources: {where} has none (S- lines, or --src with --hyp)")
+        costs = task_loss_costs(args.task_loss, where, any(srcs)) if args.task_loss is not None else None
     except ConfigError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
     hyps = [remove_bpe(h, args.bpe_symbol) for h in hyps]
@@ -146,6 +192,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     if edges is not None:
         srcs = [remove_bpe(x, args.bpe_symbol) for x in srcs]
         results["bleu_by_source_length"] = bleu_by_source_length(hyps, refs, srcs, edges)
+    if costs is not None:
+        srcs = [remove_bpe(x, args.bpe_symbol) for x in srcs]
+        results.update(mean_task_losses(costs, hyps, refs, srcs))
     print_scores(results, format_table(results), args.json)
 
 
