@@ -147,12 +147,17 @@ class TaskLossSpec(Rule):
         super().__init__(lambda value: True, "a task loss or a weighted sum of them (sbleu; edit=1,rep=0.5; "
                                              "my_costs:MyCost=1,sbleu=0.5)", "nosuchcost")
 
-    def problem(self, value) -> Optional[str]:
+    def refusal(self, value) -> Optional[str]:
+        """Why ``value`` is refused, as plain text completing "--OPTION ...", or None."""
         try:
             parse_task_loss_spec(value)
         except ValueError as err:
-            return (f"must be {self.text}: {err}").replace("{", "{{").replace("}", "}}")
+            return f"must be {self.text}: {err}"
         return None
+
+    def problem(self, value) -> Optional[str]:
+        refusal = self.refusal(value)  # a problem's braces name parameters: the text's are doubled
+        return None if refusal is None else refusal.replace("{", "{{").replace("}", "}}")
 
 
 TASK_LOSS_SPEC = TaskLossSpec()

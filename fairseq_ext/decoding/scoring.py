@@ -15,25 +15,26 @@ from fairseq import utils
 from torch import Tensor
 
 from fairseq_ext.runtime.cli import ConfigError
-from fairseq_ext.core.task_losses import TASK_LOSS_SPEC, parse_task_loss_spec, task_loss_class
+from fairseq_ext.core.task_losses import TASK_LOSS_SPEC, parse_task_loss_spec, task_loss_class, task_loss_names
 from fairseq_ext.runtime.distributed import unwrap
 from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates, sequence_log_probs
 from fairseq_ext.decoding.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process
 from fairseq_ext.tasks.text_completion import TextCompletionTask, prefix_sample
 
 
-TASK_LOSS_HELP = ("{what}: a registered cost (sbleu, chrf, edit, rep, nonterm, hamming, lm), your own as "
-                  "module:Class (a TaskLoss subclass importable from PYTHONPATH), or a weighted sum, e.g. "
-                  "'edit=1,rep=0.5' or 'my_costs:Quality=1,sbleu=0.5'")
+# the registered names: the core's, and lm (registered by decoding.sequence_cost, imported above)
+TASK_LOSS_HELP = ("{what}: a registered cost (" + ", ".join(task_loss_names()) + "), your own as module:Class (a "
+                  "TaskLoss subclass importable from PYTHONPATH), or a weighted sum, e.g. 'edit=1,rep=0.5' or "
+                  "'my_costs:Quality=1,sbleu=0.5'")
 
 
 def parse_cost_spec(spec: str, option: str = "--mgs-task-loss") -> Dict[str, float]:
     """``"sbleu"`` -> {"sbleu": 1.0}; ``"edit=1,rep=0.5"`` -> {"edit": 1.0, "rep": 0.5}; a name
     may be the import path of the user's own cost, ``"my_costs:QualityCost=1,sbleu=0.5"``.
     A bad spec: the ConfigError of the option (the message of its constraint)."""
-    problem = TASK_LOSS_SPEC.problem(spec)
-    if problem is not None:
-        raise ConfigError(f"{option} " + problem.replace("{{", "{").replace("}}", "}"))
+    refusal = TASK_LOSS_SPEC.refusal(spec)
+    if refusal is not None:
+        raise ConfigError(f"{option} {refusal}")
     return parse_task_loss_spec(spec)
 
 

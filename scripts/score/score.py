@@ -73,9 +73,9 @@ def parse_buckets(text: str) -> list[int]:
 def task_loss_costs(spec: str, where: str, have_sources: bool) -> dict:
     """{name: (weight, cost)} of a --task-loss spec; a cost this script cannot feed (token ids; a
     source it does not have) is refused, naming the option."""
-    problem = task_losses.TASK_LOSS_SPEC.problem(spec)
-    if problem is not None:
-        raise ConfigError("--task-loss " + problem.replace("{{", "{").replace("}}", "}"))
+    refusal = task_losses.TASK_LOSS_SPEC.refusal(spec)
+    if refusal is not None:
+        raise ConfigError(f"--task-loss {refusal}")
     out = {}
     for name, weight in task_losses.parse_task_loss_spec(spec).items():
         cls = task_losses.task_loss_class(name)
