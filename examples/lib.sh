@@ -214,9 +214,14 @@ recipe_args() {
   devices_init
 }
 
-given() {  # VAR...: true when the user set every VAR (printing so): the stage has nothing to make
+is_given() {  # VAR...: true when the user set every VAR (one of PATH_VARS)
   local name
   for name; do [[ "$GIVEN" == *" $name "* ]] || return 1; done
+}
+
+given() {  # VAR...: true when the user set every VAR (printing so): the stage has nothing to make
+  is_given "$@" || return 1
+  local name
   for name; do echo "# $name=${!name} given: nothing to make"; done
 }
 

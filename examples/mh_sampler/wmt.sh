@@ -52,7 +52,6 @@ SUBSET=${SUBSET:-0}
 CHAINS=${CHAINS:-5}
 ORIG=$WORK/orig
 RAW=$WORK/raw
-DATA_GIVEN=${DATA:+1}  # the subset20 stage and EVAL_SETS check it before any stage prints
 DATA=${DATA:-$WORK/data-bin}
 CMLM=${CMLM:-$WORK/cmlm/checkpoint_best.pt}
 
@@ -101,12 +100,12 @@ for name in $MH_RUNS; do
   [ -n "${RUNS[$name]+x}" ] || { echo "$0: MH_RUNS takes ${!RUNS[*]}, got '$name'" >&2; exit 2; }
 done
 # the (20) subset is selected from the raw test text, which a given DATA does not come with
-EVAL_SETS=${EVAL_SETS:-$([ -n "$DATA_GIVEN" ] && echo full || echo full len20)}
+EVAL_SETS=${EVAL_SETS:-$(is_given DATA && echo full || echo full len20)}
 SETS=()
 for set in $EVAL_SETS; do
   case $set in full) SETS+=("full=$DATA") ;; len20) SETS+=("len20=$DATA-20") ;;
     *) echo "$0: EVAL_SETS takes full and len20, got '$set'" >&2; exit 2 ;; esac
-  if [ "$set" = len20 ] && [ -n "$DATA_GIVEN" ]; then
+  if [ "$set" = len20 ] && is_given DATA; then
     echo "$0: EVAL_SETS=len20 needs the raw test text to select the (20) subset from; with DATA= given" \
       "only the full test set is available (EVAL_SETS=full)" >&2
     exit 2
@@ -161,7 +160,7 @@ if stage binarize; then
 fi
 
 if stage subset20; then
-  if [ -n "$DATA_GIVEN" ]; then
+  if is_given DATA; then
     echo "# DATA=$DATA given: no raw test text to select the (20) subset from; subset20 skipped," \
       "only the full test set is evaluated"
   else
