@@ -86,6 +86,18 @@ def test_neural_cost_set_up_once_prepared_once_per_batch_in_chunks_without_grad(
     assert costs[0].item() == pytest.approx(want.item(), abs=1e-6)
 
 
+def test_cost_on_a_device_it_names(batch):
+    """A cost whose ``device`` is not the training device is set up there, once, and receives its
+    ids there; its costs come back beside the hypotheses (the lengths of the references)."""
+    task, _, sample = batch
+    scorer = BatchScorer(task, "user_costs:OnItsOwnDevice")
+    refs = scorer.references(sample)
+    for _ in range(2):
+        costs = scorer.score(refs, torch.arange(len(refs)), sample)[0]
+    assert costs.tolist() == [float(len(r)) for r in refs] and costs.device.type == "cpu"
+    assert user_costs.OnItsOwnDevice.seen == {"setup": [torch.device("meta")], "hyps": {torch.device("meta")}}
+
+
 @pytest.mark.parametrize("spec,message", [
     ("no_such_module:Cost", "'no_such_module' does not import (No module named 'no_such_module'); is its folder "
                             "on PYTHONPATH?"),
@@ -95,6 +107,7 @@ def test_neural_cost_set_up_once_prepared_once_per_batch_in_chunks_without_grad(
     ("user_costs:", "'user_costs:' is not an import path module:Class"),
     ("sbleu=1,no_such_module:Cost=0.5", "'no_such_module' does not import"),
     ("user_costs:LengthGap=x", "the weight of 'user_costs:LengthGap' is not a number: 'x'"),
+    ("user_costs:NowhereDevice", "device must be None or a torch device such as 'cpu' or 'cuda:1', got 'nowhere'"),
 ])
 def test_bad_import_path_is_one_error_naming_the_option(spec, message):
     with pytest.raises(ConfigError) as err:

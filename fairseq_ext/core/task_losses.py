@@ -170,6 +170,12 @@ def _check_kinds(name: str, cls: type) -> None:
             raise ValueError(f"task loss {name!r}: {attr} must be one of {', '.join(INPUT_KINDS)}, got {kind!r}")
     if cls.batch_size is not None and not (isinstance(cls.batch_size, int) and cls.batch_size >= 1):
         raise ValueError(f"task loss {name!r}: batch_size must be a positive int or None, got {cls.batch_size!r}")
+    if cls.device is not None:
+        try:
+            torch.device(cls.device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"task loss {name!r}: device must be None or a torch device such as 'cpu' or 'cuda:1', "
+                             f"got {cls.device!r}") from None
 
 
 def build_task_loss(name: str, **options) -> "TaskLoss":
@@ -196,8 +202,9 @@ class TaskLoss:
     each hypothesis then comes beside it, in that kind (encoder-decoder tasks: the
     source sentence; text completion: the prefix).
 
-    A neural cost: ``setup(device)`` is called once with the training device before
-    the first evaluation (move its model there and to eval mode); every evaluation
+    A neural cost: ``setup(device)`` is called once with the training device (or the
+    cost's own ``device``, where it names one) before the first evaluation (move its
+    model there and to eval mode; "ids" inputs then arrive on that device); every evaluation
     runs under ``torch.no_grad``, in chunks of at most ``batch_size`` hypotheses
     (None: all at once); ``prepare(refs, sources)`` computes, once per batch, what
     depends only on the references and sources (e.g. their encodings), one item per
@@ -210,9 +217,10 @@ class TaskLoss:
     input_kind: str = "text"
     source_kind: Optional[str] = None  # None: as input_kind
     batch_size: Optional[int] = None
+    device: Optional[str] = None  # None: the training device; e.g. "cpu" keeps the cost off the GPU
 
     def setup(self, device: torch.device) -> None:
-        """Called once, before the first evaluation, with the training device."""
+        """Called once, before the first evaluation, with the training device (or ``device``)."""
 
     def prepare(self, refs: Optional[list], sources: Optional[list]) -> Optional[Sequence]:
         """What depends only on the batch's references and sources: None, or one item per input."""

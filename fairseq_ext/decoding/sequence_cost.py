@@ -165,9 +165,12 @@ class SequenceCost:
         return self.loss.needs_source
 
     def setup(self, device) -> None:
-        """The loss's ``setup`` on the training device, once."""
+        """The loss's ``setup``, once: on its own ``device`` where it names one, else on the
+        training device ``device``; "ids" inputs are moved there from then on."""
         if not self._ready:
+            device = torch.device(self.loss.device) if self.loss.device is not None else torch.device(device)
             self.loss.setup(device)
+            self.target.device = self.source.device = device
             self._ready = True
 
     def convert_hyps(self, hyps: Sequence[Tensor]) -> list:
@@ -212,10 +215,11 @@ class _Side:
         self.tokenizer = tokenizer
         self._symbols = list(dictionary.symbols)
         self._special = {dictionary.pad(), dictionary.eos(), dictionary.bos()}
+        self.device: Optional[torch.device] = None  # where "ids" go (the cost's device, once set up)
 
     def convert(self, items: Sequence[Tensor], kind: str, keep_eos: bool) -> list:
         if kind == "ids":
-            return list(items)
+            return [t.to(self.device) for t in items] if self.device is not None else list(items)
         if kind == "text":
             return [self.text(t) for t in items]
         d = self.dictionary
