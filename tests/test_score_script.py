@@ -1,9 +1,11 @@
 """Runs scripts/score/score.py as a subprocess on hand-written inputs."""
 import json
 import subprocess
+import zlib
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import REPO, cli_env
 from fairseq_ext.evaluation import comparison
@@ -317,6 +319,20 @@ def test_task_loss_of_the_users_own_cost_reads_the_sources(tmp_path):
     assert out["cost_user_costs:LengthGap"] == pytest.approx(1.1 / 3)
     assert out["cost_edit"] == pytest.approx(1.1 / 3)
     assert out["task_loss"] == pytest.approx(1.1)
+    # a neural cost that encodes its sources in prepare (examples/mgs/my_costs.py): set up and
+    # prepared as the criteria do; by hand, 1 - cosine of the mean rows of the hashed words
+    env = cli_env(PYTHONPATH=f"{REPO}:{REPO}/tests:{REPO}/examples/mgs")
+    proc = subprocess.run(["python", str(SCRIPT), str(gen), "--task-loss", "my_costs:EmbeddingSimilarity",
+                           "--json", "-"], capture_output=True, text=True, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr
+    table = torch.empty(4096, 32)
+    torch.nn.init.normal_(table, generator=torch.Generator().manual_seed(0))
+
+    def mean_row(sentence):
+        return torch.stack([table[zlib.crc32(w.encode()) % 4096] for w in sentence.split()]).mean(0)
+    pairs = [("a b c", "source zero"), ("the cat sat on the mat", "source one"), ("w w w w w w w w", "source two")]
+    by_hand = [1 - torch.nn.functional.cosine_similarity(mean_row(h), mean_row(x), dim=0).item() for h, x in pairs]
+    assert json.loads(proc.stdout)["cost_my_costs:EmbeddingSimilarity"] == pytest.approx(sum(by_hand) / 3, abs=1e-6)
     for spec, message in (("nosuchcost", "--task-loss must be a task loss or a weighted sum of them"),
                           ("lm", "--task-loss: 'lm' takes token ids")):
         proc = subprocess.run(["python", str(SCRIPT), str(gen), "--task-loss", spec], capture_output=True,

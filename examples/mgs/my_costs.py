@@ -4,10 +4,13 @@ Name a class by import path, with this folder on PYTHONPATH:
 
     PYTHONPATH=examples/mgs fairseq-train ... --criterion mrt --mrt-task-loss my_costs:LengthGap=1,sbleu=0.5
 
-``LengthGap`` runs anywhere (it is what docs/task_losses.md shows); ``Comet`` wraps a
-COMET model from the ``unbabel-comet`` package (``pip install unbabel-comet``; the
+``LengthGap`` runs anywhere (it is what docs/task_losses.md shows);
+``EmbeddingSimilarity`` is a small neural, source-aware cost that runs anywhere too (a
+template for your own encoder: set-up on a device, sources encoded once per batch,
+batched evaluation); ``Comet`` wraps a COMET model from the ``unbabel-comet`` package (``pip install unbabel-comet``; the
 model is downloaded on first use, so it is not run by the tests).
 """
+import zlib
 from typing import List, Optional
 
 import torch
@@ -24,6 +27,46 @@ class LengthGap(TaskLoss):
 
     def sentence_cost(self, hyp: str, ref: Optional[str], source: str) -> float:
         return abs(len(hyp.split()) - len(source.split())) / 10
+
+
+class EmbeddingSimilarity(TaskLoss):
+    """1 - cosine(mean word embedding of the hypothesis, mean word embedding of its source).
+
+    A small neural, source-aware cost with the shape of a learned metric: a frozen encoder
+    (here a table of random word vectors, words hashed into its rows, so that it runs on any
+    vocabulary without a download; put a trained cross-lingual encoder in its place), the
+    sources encoded once per batch in ``prepare`` and reused for every candidate set, the
+    hypotheses encoded ``batch_size`` at a time on the device ``setup`` names (the training
+    device; set ``device = "cpu"`` to keep a cost off the GPU). Costs lie in [0, 2].
+    """
+
+    needs_reference = False
+    needs_source = True
+    input_kind = "text"
+    batch_size = 256
+
+    def __init__(self, dim: int = 32, rows: int = 4096, seed: int = 0) -> None:
+        self.rows = rows
+        self.table = torch.nn.EmbeddingBag(rows, dim, mode="mean")
+        torch.nn.init.normal_(self.table.weight, generator=torch.Generator().manual_seed(seed))
+        self.table.requires_grad_(False)
+
+    def setup(self, device: torch.device) -> None:
+        self.table.to(device).eval()
+
+    def encode(self, sentences: List[str]) -> torch.Tensor:
+        """(B, dim) mean vectors of the sentences' words (zeros for an empty sentence)."""
+        device = self.table.weight.device
+        ids = [[zlib.crc32(w.encode()) % self.rows for w in s.split()] for s in sentences]
+        flat = torch.tensor([i for row in ids for i in row], dtype=torch.long, device=device)
+        offsets = torch.tensor([0] + [len(row) for row in ids[:-1]], device=device).cumsum(0)
+        return self.table(flat, offsets)
+
+    def prepare(self, refs, sources: List[str]) -> List[torch.Tensor]:
+        return list(self.encode(sources))
+
+    def batch_cost(self, hyps: List[str], refs, sources: List[str], prepared: List[torch.Tensor]) -> torch.Tensor:
+        return 1 - torch.nn.functional.cosine_similarity(self.encode(hyps), torch.stack(prepared), dim=-1)
 
 
 class Comet(TaskLoss):

@@ -16,6 +16,8 @@ import argparse
 import sys
 from typing import Optional
 
+import torch
+
 from fairseq_ext.core import task_losses
 from fairseq_ext.evaluation.comparison import print_scores
 from fairseq_ext.evaluation.generate_output import read_generate_file, read_lines
@@ -86,9 +88,11 @@ def task_loss_costs(spec: str, where: str, have_sources: bool) -> dict:
             raise ConfigError(f"--task-loss: {name!r} reads the source, and {where} has none "
                               "(S- lines, or --src with --hyp)")
         try:
-            out[name] = (weight, task_losses.build_task_loss(name))
+            cost = task_losses.build_task_loss(name)
         except (TypeError, ValueError) as err:
             raise ConfigError(f"--task-loss: {name!r} cannot be built without options: {err}") from None
+        cost.setup(torch.device(cost.device or "cpu"))
+        out[name] = (weight, cost)
     return out
 
 
@@ -98,9 +102,9 @@ def mean_task_losses(costs: dict, hyps: list[str], refs: list[str], srcs: list[s
     for name, (weight, cost) in costs.items():
         def kind(texts, k):
             return texts if k == "text" else [t.split() for t in texts]
-        args = (kind(hyps, cost.input_kind), kind(refs, cost.input_kind) if cost.needs_reference else None,
-                kind(srcs, cost.source_kind or cost.input_kind) if cost.needs_source else None)
-        mean = float(cost(*args).double().mean())
+        r = kind(refs, cost.input_kind) if cost.needs_reference else None
+        x = kind(srcs, cost.source_kind or cost.input_kind) if cost.needs_source else None
+        mean = float(cost(kind(hyps, cost.input_kind), r, x, cost.prepare(r, x)).double().mean())
         results[f"cost_{name}"] = mean
         total += weight * mean
     results["task_loss"] = total
