@@ -69,7 +69,7 @@ FINETUNE = ["--task", "text_completion", "--completion-context-size", "3", "--ar
             "--num-workers", "0", "--no-epoch-checkpoints", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
             "--lr", "0.0003", "--max-tokens", "1024", "--max-update", REDUCED["FT_UPDATES"], "--disable-validation",
             "--log-format", "json", "--log-interval", "1"]
-USER_COST = "user_costs:FrozenModelNLL"
+USER_COST = "my_costs:FrozenModelNLL"  # examples/mgs/my_costs.py
 
 
 def _greedy_cost(work, run, cost):
@@ -100,7 +100,7 @@ def _first_update(log):
 
 @pytest.mark.slow
 def test_users_neural_cost_is_optimised_against_the_control(demo, tmp_path, monkeypatch):
-    """A cost of the user's own, named by import path: tests/user_costs.py's FrozenModelNLL,
+    """A cost of the user's own, named by import path: examples/mgs/my_costs.py's FrozenModelNLL,
     -log p(continuation | prefix) under a frozen fairseq model (the demo's MLE model, loaded by
     the cost itself), a neural cost that reads the source (here the prefix). MGS, MRT and PG
     (defaults; MGS as the demo runs it) fine-tune the demo's MLE model on it through
@@ -114,9 +114,10 @@ def test_users_neural_cost_is_optimised_against_the_control(demo, tmp_path, monk
     package's scorer, the cost agrees with it)."""
     work, _, _ = demo
     scorer = str(work / "ckpt_mle" / "checkpoint_best.pt")
-    monkeypatch.setenv("USER_COSTS_SCORER", scorer)
-    env = {"PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "tests")]), "USER_COSTS_SCORER": scorer,
-           "OMP_NUM_THREADS": "1"}
+    monkeypatch.setenv("SCORER_CHECKPOINT", scorer)
+    monkeypatch.syspath_prepend(os.path.join(REPO, "examples", "mgs"))
+    env = {"PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "examples", "mgs")]),
+           "SCORER_CHECKPOINT": scorer, "OMP_NUM_THREADS": "1"}
     criteria = {"mgs": ["--mgs-task-loss", USER_COST, "--mgs-alpha", "1", "--mgs-candidates", "4"],
                 "mrt": ["--mrt-task-loss", USER_COST], "pg": ["--pg-task-loss", USER_COST]}
     runs = run_cli_batch([{"argv": ["fairseq-train", str(work / "bin"), "--user-dir", "fairseq_ext"] + FINETUNE

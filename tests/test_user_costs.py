@@ -11,7 +11,7 @@ import torch
 import user_costs
 from conftest import REPO, run_cli_batch
 from fairseq_ext.core.task_losses import TASK_LOSSES, task_loss_class
-from fairseq_ext.decoding.candidates import DecodeConfig
+from fairseq_ext.decoding.candidates import DecodeConfig, sequence_log_probs
 from fairseq_ext.decoding.scoring import BatchScorer, parse_cost_spec
 from fairseq_ext.runtime.cli import ConfigError
 
@@ -96,6 +96,34 @@ def test_cost_on_a_device_it_names(batch):
         costs = scorer.score(refs, torch.arange(len(refs)), sample)[0]
     assert costs.tolist() == [float(len(r)) for r in refs] and costs.device.type == "cpu"
     assert user_costs.OnItsOwnDevice.seen == {"setup": [torch.device("meta")], "hyps": {torch.device("meta")}}
+
+
+def test_frozen_model_nll_is_the_models_sequence_log_probability(batch, monkeypatch):
+    """examples/mgs/my_costs.py's FrozenModelNLL with an encoder-decoder scorer (sources encoded
+    once, in prepare; one hypothesis at a time) against the package's batched, padded
+    sequence_log_probs of the same model: the references' -log p(y | x), in the batch's order."""
+    monkeypatch.syspath_prepend(os.path.join(REPO, "examples", "mgs"))
+    import my_costs
+
+    task, model, sample = batch
+
+    class Given(my_costs.FrozenModelNLL):
+        def __init__(self):
+            self.model, self.dictionary = model, task.target_dictionary
+
+    was_training = model.training
+    model.eval()
+    try:
+        cost, scorer = Given(), BatchScorer(task, "edit")
+        refs = scorer.references(sample)
+        sources = scorer.sources(sample)
+        with torch.no_grad():
+            want = -sequence_log_probs(model, sample, refs, torch.arange(len(refs)))
+        got = cost(refs, None, sources, cost.prepare(None, sources))
+    finally:
+        model.train(was_training)
+    assert len(set(len(x) for x in sources)) > 1 and len(set(len(y) for y in refs)) > 1  # padding on both sides
+    assert got.tolist() == pytest.approx(want.tolist(), abs=1e-4)
 
 
 @pytest.mark.parametrize("spec,message", [

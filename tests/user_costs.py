@@ -1,8 +1,6 @@
 """Costs written as a user writes them, outside the package, for tests/test_user_costs.py:
 named on the command line by import path (``--mrt-task-loss user_costs:LengthGap``, with
 this folder on PYTHONPATH)."""
-import os
-
 import torch
 
 from fairseq_ext.core.task_losses import TaskLoss
@@ -69,48 +67,6 @@ class EmbeddingDistance(TaskLoss):
 
 def not_a_cost(hyps, refs):
     return [0.0] * len(hyps)
-
-
-class FrozenModelNLL(TaskLoss):
-    """-log p(hypothesis | source) under a frozen fairseq model, summed over the hypothesis's
-    tokens (EOS included): a neural, source-aware cost as a user writes one for a scorer of
-    their own (Prism- or BARTScore-style). The checkpoint is $USER_COSTS_SCORER. Works for a
-    decoder-only scorer (the source is the prefix the hypothesis continues) and for an
-    encoder-decoder one, whose encoder runs once per batch on the sources (``prepare``)."""
-
-    needs_reference = False
-    needs_source = True
-    input_kind = "ids"
-    batch_size = 64
-
-    def __init__(self):
-        from fairseq import checkpoint_utils
-
-        models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([os.environ["USER_COSTS_SCORER"]])
-        self.model, self.dictionary = models[0].eval(), task.target_dictionary
-        self.model.requires_grad_(False)
-
-    def setup(self, device):
-        self.model.to(device)
-
-    def prepare(self, refs, sources):
-        if getattr(self.model, "encoder", None) is None:
-            return None
-        return [self.model.encoder(x.unsqueeze(0), src_lengths=torch.tensor([len(x)], device=x.device))
-                for x in sources]
-
-    def batch_cost(self, hyps, refs, sources, prepared=None):
-        eos = self.dictionary.eos()
-        out = []
-        for i, (y, x) in enumerate(zip(hyps, sources)):  # one sequence at a time: nothing to pad
-            if prepared is None:  # decoder-only: [eos] + prefix + hypothesis, scored after the prefix
-                tokens = torch.cat([x.new_tensor([eos]), x, y])
-                logits = self.model(tokens[:-1].unsqueeze(0))[0][0, len(x):]
-            else:
-                inputs = torch.cat([y.new_tensor([eos]), y[:-1]])
-                logits = self.model.decoder(inputs.unsqueeze(0), encoder_out=prepared[i])[0][0]
-            out.append(-logits.float().log_softmax(-1).gather(-1, y.unsqueeze(-1)).sum())
-        return torch.stack(out)
 
 
 class OnItsOwnDevice(TaskLoss):

@@ -7,9 +7,11 @@ Name a class by import path, with this folder on PYTHONPATH:
 ``LengthGap`` runs anywhere (it is what docs/task_losses.md shows);
 ``EmbeddingSimilarity`` is a small neural, source-aware cost that runs anywhere too (a
 template for your own encoder: set-up on a device, sources encoded once per batch,
-batched evaluation); ``Comet`` wraps a COMET model from the ``unbabel-comet`` package (``pip install unbabel-comet``; the
+batched evaluation); ``FrozenModelNLL`` scores hypotheses with a fairseq checkpoint of
+your own (``SCORER_CHECKPOINT=scorer.pt``); ``Comet`` wraps a COMET model from the ``unbabel-comet`` package (``pip install unbabel-comet``; the
 model is downloaded on first use, so it is not run by the tests).
 """
+import os
 import zlib
 from typing import List, Optional
 
@@ -67,6 +69,56 @@ class EmbeddingSimilarity(TaskLoss):
 
     def batch_cost(self, hyps: List[str], refs, sources: List[str], prepared: List[torch.Tensor]) -> torch.Tensor:
         return 1 - torch.nn.functional.cosine_similarity(self.encode(hyps), torch.stack(prepared), dim=-1)
+
+
+class FrozenModelNLL(TaskLoss):
+    """-log p(hypothesis | source) under a frozen fairseq model, summed over the hypothesis's
+    tokens (EOS included): a scorer of your own as the cost (Prism- or BARTScore-style).
+
+    The checkpoint is $SCORER_CHECKPOINT; its dictionary must be the trained model's. A
+    decoder-only scorer (``transformer_lm``, task ``text_completion``) reads the prefix the
+    hypothesis continues; an encoder-decoder one (``transformer``, ``lstm``) reads the source
+    sentence, encoded once per batch (``prepare``) and reused for every candidate set. The
+    sum rewards short outputs as well as likely ones: mix it with another cost, or divide by
+    the length, where that matters.
+    """
+
+    needs_reference = False
+    needs_source = True
+    input_kind = "ids"
+    batch_size = 64
+
+    def __init__(self, checkpoint: Optional[str] = None) -> None:
+        from fairseq import checkpoint_utils
+
+        path = checkpoint or os.environ.get("SCORER_CHECKPOINT")
+        if not path:
+            raise ValueError("FrozenModelNLL: set SCORER_CHECKPOINT to the scorer's checkpoint")
+        models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([path])
+        self.model, self.dictionary = models[0], task.target_dictionary
+        self.model.eval().requires_grad_(False)
+
+    def setup(self, device: torch.device) -> None:
+        self.model.to(device)
+
+    def prepare(self, refs, sources):
+        if getattr(self.model, "encoder", None) is None:
+            return None
+        return [self.model.encoder(x.unsqueeze(0), src_lengths=torch.tensor([len(x)], device=x.device))
+                for x in sources]
+
+    def batch_cost(self, hyps, refs, sources, prepared=None):
+        eos = self.dictionary.eos()
+        out = []
+        for i, (y, x) in enumerate(zip(hyps, sources)):  # one sequence at a time: nothing to pad
+            if prepared is None:  # decoder-only: [eos] + prefix + hypothesis, scored after the prefix
+                tokens = torch.cat([x.new_tensor([eos]), x, y])
+                logits = self.model(tokens[:-1].unsqueeze(0))[0][0, len(x):]
+            else:
+                inputs = torch.cat([y.new_tensor([eos]), y[:-1]])
+                logits = self.model.decoder(inputs.unsqueeze(0), encoder_out=prepared[i])[0][0]
+            out.append(-logits.float().log_softmax(-1).gather(-1, y.unsqueeze(-1)).sum())
+        return torch.stack(out)
 
 
 class Comet(TaskLoss):
