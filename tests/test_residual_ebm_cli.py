@@ -2,6 +2,7 @@
 scripts/prepare/sample_negatives.py, fairseq-train --task residual_lm --criterion
 residual_nce (bit and unit), scripts/score/eval_residual.py, fairseq-generate with the
 joint sampler; and the checks that bad input fails before any work."""
+import itertools
 import json
 import math
 import os
@@ -285,19 +286,20 @@ def test_joint_sampler_follows_the_energy(toy_lm_bin, base_lm):
 
 
 def test_base_lm_scoring_and_top1_sampling(toy_lm_bin, base_lm):
-    """lm_log_prob equals the log-probabilities of a plain full forward of the LM,
-    and top-1 sampling equals greedy decoding with that forward."""
+    """lm_log_prob equals the log-probabilities of a plain full forward of the LM (over
+    the stream's symbols), and top-1 sampling equals greedy decoding with that forward
+    (<pad> and <s> never chosen)."""
     from fairseq_ext.generators.joint_sampler import lm_log_prob, sample_continuations
 
     task, _ = setup(toy_lm_bin, "--residual-base-lm", base_lm)
-    lm, eos = task.base_lm, task.dictionary.eos()
+    lm, d = task.base_lm, task.dictionary
     x = task.load_blocks("valid")[:5]
-    inputs = torch.cat([torch.full((5, 1), eos), x[:, :-1]], 1)
-    full = lm.get_normalized_probs(lm(inputs), log_probs=True).gather(2, x[:, :, None]).squeeze(2)
-    assert torch.allclose(lm_log_prob(lm, x, P), full[:, P:], atol=1e-6)
-    hist = torch.cat([torch.full((5, 1), eos), x[:, :P]], 1)
+    assert torch.allclose(lm_log_prob(lm, x, P).double(), fairseq_lm_log_prob(lm, x, P), atol=1e-5)
+    hist = torch.cat([torch.full((5, 1), d.eos()), x[:, :P]], 1)
     for _ in range(L):
-        hist = torch.cat([hist, lm(hist)[0][:, -1].argmax(-1, keepdim=True)], 1)
+        logits = lm(hist)[0][:, -1]
+        logits[:, [d.pad(), d.bos()]] = float("-inf")
+        hist = torch.cat([hist, logits.argmax(-1, keepdim=True)], 1)
     top1 = sample_continuations(lm, x[:, :P], L, 2, topk=1)
     assert torch.equal(top1[:, 0], hist[:, -L:]) and torch.equal(top1[:, 1], hist[:, -L:])
 
@@ -319,12 +321,69 @@ def test_negatives_sampled_with_topk_are_refused(toy_lm_bin, base_lm, negatives,
 
 def fairseq_lm_log_prob(lm, seqs, prefix_len):
     """Per-token log P_LM of the continuations of (N, T) sequences from fairseq's own
-    forward of the whole sequence (<eos> as BOS), not joint_sampler.lm_log_prob:
-    (N, T - prefix_len) float64."""
-    inputs = torch.cat([torch.full((seqs.size(0), 1), lm.decoder.dictionary.eos()), seqs[:, :-1]], 1)
+    forward of the whole sequence (<eos> as BOS), not joint_sampler.lm_log_prob, over
+    the stream's symbols (<pad> and <s> never occur in a stream: their probability is
+    given to the others in proportion): (N, T - prefix_len) float64."""
+    d = lm.decoder.dictionary
+    inputs = torch.cat([torch.full((seqs.size(0), 1), d.eos()), seqs[:, :-1]], 1)
     with torch.no_grad():
-        lprobs = lm.get_normalized_probs(lm(inputs), log_probs=True).double()  # (N, T, V)
-    return lprobs[:, prefix_len:].gather(2, seqs[:, prefix_len:, None]).squeeze(2)
+        probs = lm.get_normalized_probs(lm(inputs), log_probs=False).double()  # (N, T, V)
+    probs[..., [d.pad(), d.bos()]] = 0
+    probs = probs / probs.sum(-1, keepdim=True)
+    return probs[:, prefix_len:].gather(2, seqs[:, prefix_len:, None]).squeeze(2).log()
+
+
+def test_sampler_draws_the_law_the_scorer_enumerates(tmp_path):
+    """A random transformer_lm over 8 symbols (<s>, <pad>, </s>, <unk>, three words and the
+    dictionary's filler) that puts mass on every symbol, <pad> and <s> included. After a
+    2-word prefix, every 3-token continuation is scored with fairseq's own full forward
+    (fairseq_lm_log_prob): the stream's law, a distribution over the 6^3 continuations
+    without <pad> and <s> (it sums to 1), is what lm_log_prob gives; 100,000 draws of
+    sample_continuations (fairseq's incremental decoding) fit it: chi-square below the
+    p = 0.001 critical value over the 216 cells (Wilson-Hilferty), every per-position
+    marginal within 4.5 standard errors. Sampling and scoring the LM's own softmax, <pad>
+    and <s> kept (they have 0.17 and 0.10 of the mass at the first position), fails: the
+    scorer's law is then not this one, and the sampler draws them; once in a history, fairseq's
+    incremental decoding (no mask on an earlier <pad>, positions counted over it) and its
+    full forward (both) are two different laws."""
+    from fairseq_ext.generators.joint_sampler import lm_log_prob, sample_continuations
+    from fairseq_ext.synthetic import tiny_models, toy
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split in ("train", "valid", "test"):
+        (raw / f"{split}.txt").write_text("a b c\nc b a\n")
+    _, lm, _ = tiny_models.build_task_and_model(toy.binarize_lines(str(raw), str(tmp_path / "bin")),
+                                                "language_modeling", "transformer_lm", seed=3)
+    lm.eval()
+    d = lm.decoder.dictionary
+    V, T = len(d), 3
+    prefix = torch.tensor([[d.index("a"), d.index("c")]])
+    with torch.no_grad():
+        first = lm.get_normalized_probs(lm(torch.cat([torch.tensor([[d.eos()]]), prefix], 1)), log_probs=False)
+    assert first[0, -1, d.pad()] > 0.05 and first[0, -1, d.bos()] > 0.05
+    symbols = [i for i in range(V) if i not in (d.pad(), d.bos())]
+    conts = torch.tensor(list(itertools.product(symbols, repeat=T)))
+    seqs = torch.cat([prefix.expand(len(conts), -1), conts], 1)
+    law = fairseq_lm_log_prob(lm, seqs, prefix.size(1)).sum(1).exp()
+    assert law.sum().item() == pytest.approx(1, abs=1e-9)
+    assert torch.allclose(lm_log_prob(lm, seqs, prefix.size(1)).double().sum(1).exp(), law, atol=1e-5)
+
+    n = 100_000
+    draws = sample_continuations(lm, prefix, T, n, generator=torch.Generator().manual_seed(0))[0]  # (n, T)
+    assert not torch.isin(draws, torch.tensor([d.pad(), d.bos()])).any()
+    cell = {tuple(c): i for i, c in enumerate(conts.tolist())}
+    counts = torch.bincount(torch.tensor([cell[tuple(x)] for x in draws.tolist()]), minlength=len(conts)).double()
+    expected = n * law
+    chi2 = ((counts - expected) ** 2 / expected).sum().item()
+    df = len(conts) - 1
+    critical = df * (1 - 2 / (9 * df) + 3.0902 * math.sqrt(2 / (9 * df))) ** 3  # chi-square quantile 0.999
+    assert chi2 < critical, (chi2, critical)
+    for t in range(T):
+        for s in symbols:
+            p = law[conts[:, t] == s].sum().item()
+            share = (draws[:, t] == s).double().mean().item()
+            assert abs(share - p) < 4.5 * math.sqrt(p * (1 - p) / n), (t, d[s], share, p)
 
 
 def test_log_z_estimates_from_the_base_lm_match_the_enumerated_log_z(toy_lm_bin, base_lm):

@@ -5,6 +5,13 @@ Continuations have exactly L tokens: <eos> is an ordinary token of the stream
 (lines are joined), so sampling does not stop at it, and ``lm_log_prob`` scores
 the same untruncated distribution the samples come from (top-k filters only the
 proposal, not the score).
+
+The base LM's law is over the stream's symbols: <pad> and <s> never occur in a
+token stream, so both the sampler and the scorer remove their mass and renormalise
+(``stream_log_probs``), as fairseq's generator bans <pad>. With neither in a
+history, fairseq's incremental decoding (the sampler) and its full forward (the
+scorer) compute the same distribution; with them, they do not (the incremental path
+neither masks an earlier <pad> as a key nor skips it when counting positions).
 """
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -20,6 +27,15 @@ from fairseq_ext.core.sampling import batch_generator, choose_tokens
 def _with_bos(lm, tokens: Tensor) -> Tensor:
     eos = lm.decoder.dictionary.eos()
     return torch.cat([tokens.new_full((tokens.size(0), 1), eos), tokens], dim=1)
+
+
+def stream_log_probs(lm, logits: Tensor) -> Tensor:
+    """float32 log P_LM over the stream's symbols from decoder outputs (..., V): <pad>
+    and <s> get -inf, the other symbols' probabilities are renormalised."""
+    lprobs = lm.get_normalized_probs((logits,), log_probs=True).float()
+    d = lm.decoder.dictionary
+    lprobs[..., [d.pad(), d.bos()]] = float("-inf")
+    return lprobs.log_softmax(-1)
 
 
 @torch.no_grad()
@@ -46,7 +62,7 @@ def sample_continuations(lm, prefixes: Tensor, length: int, n: int, topk: int = 
     for t in range(length):
         if t > 0:
             logits = lm.decoder(history, incremental_state=state)[0]
-        lprobs = lm.get_normalized_probs((logits[:, -1:],), log_probs=True)[:, 0].float()
+        lprobs = stream_log_probs(lm, logits[:, -1])
         history = torch.cat([history, choose_tokens(lprobs, True, topk=topk, generator=generator)[:, None]], 1)
     return history[:, -length:].view(bsz, n, length)
 
@@ -54,11 +70,12 @@ def sample_continuations(lm, prefixes: Tensor, length: int, n: int, topk: int = 
 @torch.no_grad()
 def lm_log_prob(lm, sequences: Tensor, prefix_len: int) -> Tensor:
     """log P_LM(x_{p+1..T} | x_{1..p}) of (N, T) sequences, teacher-forced (the
-    output projection only at the continuation's positions): returns (N, T - p)
-    per-token log-probabilities (sum them for the sequence)."""
+    output projection only at the continuation's positions), over the stream's
+    symbols (``stream_log_probs``): returns (N, T - p) per-token log-probabilities
+    (sum them for the sequence)."""
     inputs = _with_bos(lm, sequences[:, :-1])
     features = lm.decoder.extract_features(inputs, None)[0][:, prefix_len:]  # the positions predicting x_{p+1..T}
-    lprobs = lm.get_normalized_probs((lm.decoder.output_layer(features),), log_probs=True).float()
+    lprobs = stream_log_probs(lm, lm.decoder.output_layer(features))
     return lprobs.gather(2, sequences[:, prefix_len:, None]).squeeze(2)
 
 
