@@ -1,16 +1,20 @@
 """Batched candidate decoding for fairseq models: the shared decoder that MGS, MRT,
 PG and evaluation call.
 
-Greedy and ancestral sampling (temperature, top-k, top-p) run a lean loop over
-fairseq's incremental decoding: one decoder call per step for all B x n rows,
-finished rows are dropped from the batch by reordering the incremental state
-(so a batch costs what its unfinished rows cost). Beam search delegates to
+Greedy and ancestral sampling (temperature, top-k, top-p) of a fairseq
+``transformer`` / ``transformer_lm`` run ``lean_step.TransformerStep``: static caches,
+one step of few operators for all B x n rows, finished rows masked, never removed.
+Other decoders (``lstm``, ...) run fairseq's incremental decoding, dropping finished
+rows by reordering the incremental state; ``DecodeConfig.lean = False`` selects that
+path for every model (it is the reference the lean step is tested against). Both
+paths draw the same random numbers for the same rows. Beam search delegates to
 fairseq's ``SequenceGenerator``. All strategies return the same ``Candidates``.
 
 Works for encoder-decoder models (``transformer``, ``lstm``, ...) and for
 decoder-only language models continuing a prefix (``transformer_lm``). Dropout
 is off while decoding; the model's train/eval mode is restored afterwards.
 """
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -20,6 +24,10 @@ from torch import Tensor
 
 from fairseq_ext.core.constraints import CONSTRAINT, OneOf, ParameterError, above, at_least, check_fields, constraint_of
 from fairseq_ext.core.sampling import choose_tokens, filter_logits
+from fairseq_ext.decoding.lean_step import TransformerStep, unsupported_reason
+
+logger = logging.getLogger(__name__)
+_FALLBACK_LOGGED = set()
 
 STRATEGIES = ("greedy", "sample", "beam")
 
@@ -38,6 +46,8 @@ class DecodeConfig:
     max_len_a, max_len_b: maximum length a * src_len + b (as fairseq-generate).
     max_len_ref_ratio: if set, the maximum length is instead ceil(ratio * the
         longest reference in the batch) (MGS uses 1.3).
+    lean: greedy and sampling with the static-cache transformer step where the
+        decoder allows (False: fairseq's incremental decoding for every model).
     """
 
     strategy: str = field(default="greedy", metadata={CONSTRAINT: OneOf(STRATEGIES)})
@@ -50,6 +60,7 @@ class DecodeConfig:
     max_len_a: float = 0.0
     max_len_b: int = 200
     max_len_ref_ratio: Optional[float] = field(default=None, metadata={CONSTRAINT: above(0)})
+    lean: bool = True
 
     def __post_init__(self) -> None:
         check_fields(self)  # ParameterError naming the field
@@ -137,9 +148,82 @@ def decode_candidates(
     try:
         if cfg.strategy == "beam":
             return _beam(model, sample, cfg, prefix_tokens)
+        if cfg.lean and _lean_supported(model):
+            return _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator)
         return _greedy_or_sample(model, sample, cfg, prefix_tokens, generator)
     finally:
         model.train(was_training)
+
+
+def _lean_supported(model) -> bool:
+    reason = unsupported_reason(model.decoder)
+    if reason is not None and type(model.decoder) not in _FALLBACK_LOGGED:
+        _FALLBACK_LOGGED.add(type(model.decoder))
+        logger.info(f"candidate decoding: fairseq's incremental path for {type(model.decoder).__name__} "
+                    f"(the static-cache step covers fairseq's TransformerDecoder only: {reason})")
+    return reason is None
+
+
+def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator) -> Candidates:
+    """As ``_greedy_or_sample``, with ``TransformerStep``: no row is ever removed; a row
+    that finished is fed EOS and its outputs are ignored."""
+    dictionary = model.decoder.dictionary
+    pad, eos = dictionary.pad(), dictionary.eos()
+    net_input = sample["net_input"]
+    bsz, n = net_input["src_tokens"].size(0), cfg.num_candidates
+    device = net_input["src_tokens"].device
+    encoder_out = None
+    if _is_encoder_decoder(model):
+        encoder_out = model.encoder.forward_torchscript(net_input)
+    elif prefix_tokens is None:
+        raise ValueError("a decoder-only model needs prefix_tokens (the prompt) to continue")
+    expand = torch.arange(bsz, device=device).repeat_interleave(n)
+    prefix = prefix_tokens.index_select(0, expand) if prefix_tokens is not None else None
+    n_forced = prefix.size(1) if prefix is not None else 0
+    max_len = max_decode_length(model, sample, cfg)
+    total_steps = n_forced + max_len
+    rows = bsz * n
+    step_fn = TransformerStep(model, encoder_out, expand, total_steps)
+    sampling = cfg.strategy == "sample"
+
+    out_tokens = torch.full((rows, max_len + 1), pad, dtype=torch.long, device=device)  # last column: discarded
+    out_len = torch.zeros(rows, dtype=torch.long, device=device)
+    scores = torch.zeros(rows, device=device)
+    done = torch.zeros(rows, dtype=torch.bool, device=device)  # finished, or at the length limit
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    tokens = torch.full((rows,), eos, dtype=torch.long, device=device)  # the BOS
+    any_done = False
+    for step in range(total_steps):
+        lprobs = step_fn.step(tokens)
+        lprobs[:, pad] = float("-inf")  # padding is never a choice (as in SequenceGenerator)
+        if step < n_forced + cfg.min_len:
+            lprobs[:, eos] = lprobs[:, eos].masked_fill(out_len < cfg.min_len, float("-inf"))
+        free = prefix[:, step].eq(pad) if step < n_forced else None
+        gen = ~done if free is None else ~done & free
+        if sampling:  # draws for the live free rows only, in row order: the random numbers of fairseq's path
+            options = dict(sample=True, temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp, generator=generator)
+            if free is None and not any_done:
+                chosen = choose_tokens(lprobs, **options)
+            else:
+                idx = gen.nonzero().squeeze(1)
+                chosen = torch.full((rows,), eos, dtype=torch.long, device=device)
+                chosen[idx] = choose_tokens(lprobs[idx], **options)
+        else:
+            chosen = lprobs.argmax(-1)
+        if free is not None:
+            chosen = torch.where(free, chosen, prefix[:, step])
+        chosen = chosen.masked_fill(done, eos)
+        out_tokens.scatter_(1, torch.where(gen, out_len, max_len)[:, None], chosen[:, None])
+        scores += lprobs.gather(1, chosen[:, None]).squeeze(1).masked_fill(~gen, 0)
+        out_len += gen
+        finished |= gen & chosen.eq(eos)
+        done = finished | out_len.ge(max_len)
+        tokens = chosen
+        any_done = bool(done.any())
+        if any_done and bool(done.all()):
+            break
+    width = max(int(out_len.max().item()), 1) if rows > 0 else 1
+    return Candidates(out_tokens[:, :width], out_len, scores, finished, n)
 
 
 def _greedy_or_sample(model, sample, cfg, prefix_tokens, generator) -> Candidates:

@@ -1,0 +1,199 @@
+"""One decoder step of fairseq's ``TransformerDecoder`` with static caches.
+
+fairseq's incremental decoding runs a chain of small operators per token: its
+key/value caches grow by concatenation, every layer reads and writes a dictionary of
+buffers, and finished rows are removed by re-indexing every cache entry. On a GPU a
+small model's step is launch-bound, so that chain is the cost of decoding.
+``TransformerStep`` computes the same step from the model's own parameters (a
+checkpoint needs no conversion): key/value caches preallocated for the whole decode
+and written in place, the encoder's keys and values projected once, one fused
+projection for the self-attention's queries, keys and values, matrix products on
+pre-transposed weights, and no row ever removed (finished rows are masked by the
+caller). It serves ``transformer`` (encoder-decoder) and ``transformer_lm``
+(decoder-only) models.
+
+It follows fairseq's full teacher-forced forward, also where fairseq's own
+incremental path does not: a ``<pad>`` in a history is masked as a key and skipped
+when counting positions (fairseq's incremental path does neither).
+
+``unsupported_reason(decoder)`` names what a decoder has that the step does not
+cover (adaptive softmax, quantisation noise, cross-self-attention, NormFormer's
+extra scalings, attention biases, forward hooks on its modules); callers then use
+fairseq's path.
+"""
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+def _attend(q: Tensor, keys_t: Tensor, values: Tensor, bias: Tensor, scale: float) -> Tensor:
+    """softmax(scale q k^T + bias) v over (N*H) rows: q (N*H, 1, d), keys_t (N*H, d, S),
+    values (N*H, S, d), bias (N*H, 1, S) (0, or -inf for a masked key)."""
+    return torch.bmm(torch.softmax(torch.baddbmm(bias, q, keys_t, alpha=scale), dim=-1), values)
+
+
+def unsupported_reason(decoder) -> Optional[str]:
+    """Why ``TransformerStep`` cannot run ``decoder``, or None when it can."""
+    try:
+        from fairseq.models.transformer import TransformerDecoderBase
+    except ImportError:  # pragma: no cover - fairseq without the Base classes
+        return "this fairseq has no TransformerDecoderBase"
+    if not isinstance(decoder, TransformerDecoderBase):
+        return f"{type(decoder).__name__} is not a fairseq TransformerDecoder"
+    if getattr(decoder, "adaptive_softmax", None) is not None:
+        return "adaptive softmax"
+    if getattr(decoder, "quant_noise", None) is not None:
+        return "quantisation noise"
+    if getattr(decoder, "cross_self_attention", False):
+        return "cross-self-attention"
+    if decoder.embed_positions is None:
+        return "no positional embeddings"
+    if any(m._forward_hooks or m._forward_pre_hooks for m in decoder.modules()):
+        return "forward hooks on its modules (the step reads their parameters, not their calls)"
+    for layer in decoder.layers:
+        for name in ("c_attn", "attn_ln", "ffn_layernorm", "w_resid"):
+            if getattr(layer, name, None) is not None:
+                return f"a layer with {name} (NormFormer scalings)"
+        for attn in (layer.self_attn, layer.encoder_attn):
+            if attn is not None and (attn.bias_k is not None or attn.add_zero_attn):
+                return "attention with bias_k / add_zero_attn"
+            if attn is not None and attn.scaling != attn.head_dim ** -0.5:
+                return "attention scaled other than by 1 / sqrt(head_dim)"
+    return None
+
+
+def _t(linear) -> Tuple[Tensor, Optional[Tensor]]:
+    """(W^T contiguous, bias) of an nn.Linear."""
+    return linear.weight.t().contiguous(), linear.bias
+
+
+def _mm(x: Tensor, wt: Tensor, b: Optional[Tensor]) -> Tensor:
+    y = torch.mm(x, wt)
+    return y.add_(b) if b is not None else y
+
+
+def _ln(x: Tensor, ln) -> Tensor:
+    return torch.native_layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)[0]
+
+
+class TransformerStep:
+    """Decoder steps of ``model`` for ``rows`` sequences of at most ``max_steps`` tokens.
+
+    model: a fairseq ``transformer`` / ``transformer_lm`` model (see
+        ``unsupported_reason``), in eval mode.
+    encoder_out: fairseq's encoder output for the B inputs (None for a language model).
+    expand: (rows,) input index of each row (the B inputs repeated for candidates).
+
+    ``step(tokens)`` feeds (rows,) tokens at the next position and returns the next
+    tokens' log-probabilities, (rows, V) float32; the first call feeds the BOS.
+    """
+
+    def __init__(self, model, encoder_out: Optional[Dict[str, List[Tensor]]], expand: Tensor, max_steps: int):
+        decoder = model.decoder
+        self.decoder, self.pad = decoder, decoder.padding_idx
+        rows = expand.numel()
+        device = expand.device
+        layers = decoder.layers
+        first = layers[0].self_attn
+        h, d = self.heads, self.head_dim = first.num_heads, first.head_dim
+        self.rows, self.scale = rows, d ** -0.5
+        dtype = decoder.embed_tokens.weight.dtype
+        self.t = 0
+        # positions: row i of the table is position pad + i (row 0, for <pad> tokens, is zero)
+        probe = torch.full((1, max_steps), self.pad + 1, dtype=torch.long, device=device)
+        pos = decoder.embed_positions(probe)[0]
+        self.positions = torch.cat([pos.new_zeros(1, pos.size(1)), pos]).to(dtype)
+        self.count = torch.zeros(rows, dtype=torch.long, device=device)  # non-pad tokens fed so far
+        # self-attention: keys and values of every layer and position, written in place; a <pad>
+        # key is masked by -inf in the bias (per row, repeated over the heads)
+        self.kv = torch.zeros(len(layers), 2, rows, h, max_steps, d, dtype=dtype, device=device)
+        self.keys = [self.kv[i, 0].view(rows * h, max_steps, d) for i in range(len(layers))]
+        self.values = [self.kv[i, 1].view(rows * h, max_steps, d) for i in range(len(layers))]
+        self.self_bias = torch.zeros(rows, h, 1, max_steps, dtype=dtype, device=device)
+        self.self_bias_3d = self.self_bias.view(rows * h, 1, max_steps)
+
+        enc = None
+        if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
+            enc = encoder_out["encoder_out"][0].transpose(0, 1).index_select(0, expand)  # (rows, S, C)
+            s_len = enc.size(1)
+            self.enc_bias = torch.zeros(rows, h, 1, s_len, dtype=dtype, device=device)
+            if len(encoder_out["encoder_padding_mask"]) > 0:
+                pad_mask = encoder_out["encoder_padding_mask"][0].index_select(0, expand)
+                self.enc_bias.masked_fill_(pad_mask[:, None, None, :], float("-inf"))
+            self.enc_bias = self.enc_bias.view(rows * h, 1, s_len)
+        self.layers = []
+        for layer in layers:
+            sa = layer.self_attn
+            qkv_w = torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight]).t().contiguous()
+            biases = [sa.q_proj.bias, sa.k_proj.bias, sa.v_proj.bias]
+            qkv_b = torch.cat(biases) if all(b is not None for b in biases) else None
+            p = {"pre": layer.normalize_before, "sa_ln": layer.self_attn_layer_norm, "qkv": (qkv_w, qkv_b),
+                 "sa_out": _t(sa.out_proj), "ffn_ln": layer.final_layer_norm, "fc1": _t(layer.fc1),
+                 "fc2": _t(layer.fc2), "act": layer.activation_fn, "ea": None}
+            ea = layer.encoder_attn
+            if ea is not None and enc is not None:
+                k = F.linear(enc, ea.k_proj.weight, ea.k_proj.bias).view(rows, s_len, h, d)
+                v = F.linear(enc, ea.v_proj.weight, ea.v_proj.bias).view(rows, s_len, h, d)
+                p["ea"] = {"ln": layer.encoder_attn_layer_norm, "q": _t(ea.q_proj), "out": _t(ea.out_proj),
+                           "keys_t": k.permute(0, 2, 3, 1).reshape(rows * h, d, s_len),
+                           "values": v.transpose(1, 2).reshape(rows * h, s_len, d)}
+            self.layers.append(p)
+        self.project_in = _t(decoder.project_in_dim) if decoder.project_in_dim is not None else None
+        self.project_out = _t(decoder.project_out_dim) if decoder.project_out_dim is not None else None
+        self.output = decoder.output_projection.weight.t().contiguous()
+        self.output_bias = getattr(decoder.output_projection, "bias", None)
+
+    def _self_attention(self, i: int, x: Tensor, p: Dict) -> Tensor:
+        n, h, d, t = self.rows, self.heads, self.head_dim, self.t
+        qkv = _mm(x, *p["qkv"]).view(n, 3, h, d)
+        self.kv[i, :, :, :, t] = qkv[:, 1:].transpose(0, 1)
+        q = qkv[:, 0].reshape(n * h, 1, d)
+        keys_t = self.keys[i][:, : t + 1].transpose(1, 2)
+        return _attend(q, keys_t, self.values[i][:, : t + 1], self.self_bias_3d[..., : t + 1], self.scale).view(n, h * d)
+
+    def _encoder_attention(self, x: Tensor, ea: Dict) -> Tensor:
+        n = self.rows
+        q = _mm(x, *ea["q"]).view(n * self.heads, 1, self.head_dim)
+        return _attend(q, ea["keys_t"], ea["values"], self.enc_bias, self.scale).view(n, -1)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """Feed (rows,) tokens at the next position; (rows, V) float32 log-probabilities."""
+        return torch.log_softmax(self.logits(tokens).float(), dim=-1)
+
+    def logits(self, tokens: Tensor) -> Tensor:
+        """Feed (rows,) tokens at the next position; (rows, V) output scores in the model's dtype."""
+        d = self.decoder
+        nonpad = tokens.ne(self.pad)
+        self.count += nonpad
+        self.self_bias[:, :, 0, self.t] = torch.where(nonpad, 0.0, float("-inf"))[:, None]
+        x = d.embed_tokens.weight.index_select(0, tokens)
+        if d.embed_scale != 1:
+            x = x * d.embed_scale
+        if self.project_in is not None:
+            x = _mm(x, *self.project_in)
+        x = x + self.positions.index_select(0, self.count * nonpad)
+        if d.layernorm_embedding is not None:
+            x = _ln(x, d.layernorm_embedding)
+        for i, p in enumerate(self.layers):
+            pre = p["pre"]
+            residual = x
+            x = _ln(x, p["sa_ln"]) if pre else x
+            x = residual + _mm(self._self_attention(i, x, p), *p["sa_out"])
+            x = x if pre else _ln(x, p["sa_ln"])
+            ea = p["ea"]
+            if ea is not None:
+                residual = x
+                x = _ln(x, ea["ln"]) if pre else x
+                x = residual + _mm(self._encoder_attention(x, ea), *ea["out"])
+                x = x if pre else _ln(x, ea["ln"])
+            residual = x
+            x = _ln(x, p["ffn_ln"]) if pre else x
+            x = residual + _mm(p["act"](_mm(x, *p["fc1"])), *p["fc2"])
+            x = x if pre else _ln(x, p["ffn_ln"])
+        if d.layer_norm is not None:
+            x = _ln(x, d.layer_norm)
+        if self.project_out is not None:
+            x = _mm(x, *self.project_out)
+        self.t += 1
+        return _mm(x, self.output, self.output_bias)

@@ -1,0 +1,197 @@
+"""The static-cache decoder step (fairseq_ext/decoding/lean_step.py) against fairseq's
+own full teacher-forced forward, and candidate decoding with it against fairseq's
+incremental path (kept as the reference and as the fallback):
+
+- float64 to 1e-10 and float32 to 1e-5, per position, for `transformer` (post- and
+  pre-norm, sinusoidal and learned positions) and `transformer_lm` after a prefix,
+  random and trained weights, with <pad> and <s> inside a history (masked and skipped
+  as the full forward does; fairseq's incremental path does neither). fairseq's
+  attention softmax runs in float32 whatever the model's dtype: the float64 checks
+  run it in float64;
+- greedy and sampled candidates (top-k, min_len, forced prefixes): the same tokens and
+  the same random numbers as fairseq's incremental path, scores equal to a
+  teacher-forced rescoring, finished rows included;
+- a decoder it does not cover (lstm) decodes through fairseq's path, logged once.
+"""
+import logging
+
+import pytest
+import torch
+
+import fairseq.utils
+from fairseq_ext.decoding import candidates as cand_mod
+from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates, sequence_log_probs
+from fairseq_ext.decoding.lean_step import TransformerStep, unsupported_reason
+from fairseq_ext.decoding.scoring import BatchScorer
+from fairseq_ext.synthetic import tiny_models
+
+VARIANTS = {
+    "post-norm, sinusoidal": [],
+    "pre-norm, learned positions": ["--decoder-normalize-before", "--encoder-normalize-before",
+                                    "--decoder-learned-pos", "--encoder-learned-pos"],
+}
+
+
+def _train(model, task, steps=30):
+    """A few Adam steps of MLE: weights that are not an initialisation."""
+    task.load_dataset("train")
+    ds = task.dataset("train")
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(steps):
+        batch = ds.collater([ds[i] for i in torch.randint(len(ds), (16,), generator=g).tolist()])
+        lprobs = model.get_normalized_probs(model(**batch["net_input"]), log_probs=True)
+        loss = torch.nn.functional.nll_loss(lprobs.view(-1, lprobs.size(-1)), batch["target"].view(-1),
+                                            ignore_index=task.target_dictionary.pad())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+@pytest.fixture(scope="module", params=[(v, t) for v in VARIANTS for t in (False, True)],
+                ids=[f"{v}, {'trained' if t else 'random'}" for v in VARIANTS for t in (False, True)])
+def translation(request, toy_bin):
+    variant, trained = request.param
+    task, model, _ = tiny_models.build_task_and_model(toy_bin, "translation", "transformer", VARIANTS[variant], seed=2)
+    if trained:
+        _train(model, task)
+    model.eval()
+    task.load_dataset("valid")
+    return task, model
+
+
+@pytest.fixture(scope="module")
+def language_model(toy_lm_bin):
+    task, model, _ = tiny_models.build_task_and_model(toy_lm_bin, "text_completion", "transformer_lm",
+                                                      ["--completion-context-size", "3"], seed=2)
+    _train(model, task)
+    task.load_dataset("valid")
+    return task, model.eval()
+
+
+@pytest.fixture
+def softmax_in_dtype(monkeypatch):
+    """fairseq's attention softmax in the input's dtype (it casts to float32)."""
+    monkeypatch.setattr(fairseq.utils, "softmax", lambda x, dim, onnx_trace=False: torch.softmax(x, dim))
+
+
+def _batch(task, n=6):
+    ds = task.dataset("valid")
+    return ds.collater([ds[i] for i in range(n)])
+
+
+def _with_specials(prev, d):
+    """Histories with a <pad> and a <s> inside (not at the end, where padding is)."""
+    prev = prev.clone()
+    prev[0, 2], prev[1, 3], prev[2, 1] = d.pad(), d.bos(), d.pad()
+    return prev
+
+
+def _stepwise(model, encoder_out, prev):
+    step = TransformerStep(model, encoder_out, torch.arange(prev.size(0)), prev.size(1))
+    return torch.stack([step.logits(prev[:, t]) for t in range(prev.size(1))], 1)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_step_equals_the_full_forward_of_a_translation_model(translation, softmax_in_dtype, dtype, tol):
+    task, model = translation
+    assert unsupported_reason(model.decoder) is None
+    model = model.to(dtype)
+    try:
+        sample = _batch(task)
+        d = task.target_dictionary
+        for prev in (sample["net_input"]["prev_output_tokens"], _with_specials(sample["net_input"]["prev_output_tokens"], d)):
+            with torch.no_grad():
+                enc = model.encoder.forward_torchscript(sample["net_input"])
+                full = model.decoder(prev, encoder_out=enc)[0]
+                lean = _stepwise(model, enc, prev)
+            real = prev.ne(d.pad())  # outputs at <pad> positions are not used by anything
+            assert (lean - full)[real].abs().max().item() < tol
+            assert full.abs().max().item() > 1
+    finally:
+        model.float()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_step_equals_the_full_forward_of_a_language_model_after_a_prefix(language_model, softmax_in_dtype, dtype,
+                                                                         tol):
+    task, model = language_model
+    model = model.to(dtype)
+    try:
+        sample = _batch(task)
+        d = task.target_dictionary
+        prefix = sample["prefix"]
+        prev = torch.cat([torch.full((prefix.size(0), 1), d.eos()), prefix, sample["target"][:, :-1]], 1)
+        for p in (prev, _with_specials(prev, d)):
+            with torch.no_grad():
+                full = model.decoder(p)[0]
+                lean = _stepwise(model, None, p)
+            real = p.ne(d.pad())
+            assert (lean - full)[real].abs().max().item() < tol
+    finally:
+        model.float()
+
+
+def test_fairseq_incremental_path_differs_from_its_full_forward_after_a_pad(translation):
+    """Why the step follows the full forward: with a <pad> inside the history, fairseq's
+    incremental decoding (no key mask for it, positions counted over it) gives other
+    outputs than its full forward on the same tokens."""
+    task, model = translation
+    sample = _batch(task)
+    prev = _with_specials(sample["net_input"]["prev_output_tokens"], task.target_dictionary)
+    with torch.no_grad():
+        enc = model.encoder.forward_torchscript(sample["net_input"])
+        full = model.decoder(prev, encoder_out=enc)[0]
+        state = {}
+        inc = torch.cat([model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
+                         for t in range(prev.size(1))], 1)
+    after = slice(3, 6)  # row 0, after its <pad> at position 2
+    assert (inc[0, after] - full[0, after]).abs().max().item() > 1e-3
+    real = prev[3].ne(task.target_dictionary.pad())  # a row without one, up to its end padding, agrees
+    assert (inc[3, real] - full[3, real]).abs().max().item() < 1e-5
+
+
+CONFIGS = [dict(), dict(strategy="sample", num_candidates=3), dict(strategy="sample", num_candidates=2, topk=5, min_len=3),
+           dict(strategy="sample", num_candidates=2, temperature=1.5, topp=0.9)]
+
+
+def _decode_both(task, model, cfg):
+    sample = _batch(task, 12)
+    scorer = BatchScorer(task, "edit")
+    batch, prefix = scorer.decode_inputs(sample, task.target_dictionary)
+    out = [decode_candidates(model, batch, DecodeConfig(lean=lean, max_len_b=12, **cfg), prefix_tokens=prefix,
+                             generator=torch.Generator().manual_seed(3)) for lean in (True, False)]
+    return batch, prefix, out
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["greedy", "sample", "topk_minlen", "temperature_topp"])
+@pytest.mark.parametrize("which", ["transformer", "transformer_lm"])
+def test_candidates_equal_fairseqs_incremental_path(translation, language_model, which, cfg):
+    """The same tokens, lengths and finished flags as fairseq's path (the same random
+    numbers for the same rows), scores within float error; every score is the
+    teacher-forced log-probability of its tokens (rows that finished early included)."""
+    task, model = translation if which == "transformer" else language_model
+    batch, prefix, (lean, ref) = _decode_both(task, model, cfg)
+    assert torch.equal(lean.tokens, ref.tokens) and torch.equal(lean.lengths, ref.lengths)
+    assert torch.equal(lean.finished, ref.finished)
+    assert (lean.scores - ref.scores).abs().max().item() < 1e-4
+    with torch.no_grad():
+        rescored = sequence_log_probs(model, batch, lean.as_list(), lean.source_index, prefix_tokens=prefix)
+    assert (lean.scores - rescored).abs().max().item() < 1e-4
+    if cfg.get("num_candidates") == 3:  # rows that finished early beside rows that ran to the limit
+        assert lean.finished.any() and not lean.finished.all()
+
+
+def test_other_decoders_take_fairseqs_path_with_one_log_line(untrained_models, caplog, monkeypatch):
+    task, model = untrained_models["lstm"]
+    monkeypatch.setattr(cand_mod, "_FALLBACK_LOGGED", set())
+    task.load_dataset("valid")
+    sample = _batch(task)
+    with caplog.at_level(logging.INFO, logger="fairseq_ext.decoding.candidates"):
+        for _ in range(2):
+            c = decode_candidates(model, sample, DecodeConfig(max_len_b=5))
+    lines = [r.getMessage() for r in caplog.records if "incremental path" in r.getMessage()]
+    assert len(lines) == 1 and "LSTMDecoder" in lines[0]
+    assert c.tokens.size(0) == 6
