@@ -195,3 +195,31 @@ def test_other_decoders_take_fairseqs_path_with_one_log_line(untrained_models, c
     lines = [r.getMessage() for r in caplog.records if "incremental path" in r.getMessage()]
     assert len(lines) == 1 and "LSTMDecoder" in lines[0]
     assert c.tokens.size(0) == 6
+
+
+@pytest.mark.parametrize("eos_bias", [2.0, 3.0])
+@pytest.mark.parametrize("which", ["transformer", "transformer_lm"])
+def test_rows_that_finish_leave_the_caches_together(translation, language_model, which, eos_bias, monkeypatch):
+    """EOS made likelier (a bias on its output row, not a hook: the step reads parameters),
+    so rows finish at different steps: once at most half still run, the finished ones leave
+    every cache together (TransformerStep.keep); tokens and scores stay fairseq's path's,
+    greedy and sampled, after a forced prefix too."""
+    import copy
+
+    task, model = translation if which == "transformer" else language_model
+    model = copy.deepcopy(model)
+    old = model.decoder.output_projection
+    new = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        new.weight.copy_(old.weight)
+        new.bias.zero_()
+        new.bias[task.target_dictionary.eos()] = eos_bias
+    model.decoder.output_projection = new
+    kept = []
+    keep = TransformerStep.keep
+    monkeypatch.setattr(TransformerStep, "keep", lambda self, index: (kept.append(index.numel()), keep(self, index)))
+    for cfg in (dict(), dict(strategy="sample", num_candidates=3)):
+        _, _, (lean, ref) = _decode_both(task, model, cfg)
+        assert torch.equal(lean.tokens, ref.tokens) and torch.equal(lean.finished, ref.finished)
+        assert (lean.scores - ref.scores).abs().max().item() < 1e-4
+    assert kept, "no compaction happened"

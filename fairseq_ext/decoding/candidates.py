@@ -165,8 +165,9 @@ def _lean_supported(model) -> bool:
 
 
 def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator) -> Candidates:
-    """As ``_greedy_or_sample``, with ``TransformerStep``: no row is ever removed; a row
-    that finished is fed EOS and its outputs are ignored."""
+    """As ``_greedy_or_sample``, with ``TransformerStep``: a row that finished is fed EOS
+    and its outputs are ignored; once at most half of the rows still run, the finished
+    ones leave every cache at once (``TransformerStep.keep``), their results kept."""
     dictionary = model.decoder.dictionary
     pad, eos = dictionary.pad(), dictionary.eos()
     net_input = sample["net_input"]
@@ -186,14 +187,19 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator) -> Cand
     step_fn = TransformerStep(model, encoder_out, expand, total_steps)
     sampling = cfg.strategy == "sample"
 
-    out_tokens = torch.full((rows, max_len + 1), pad, dtype=torch.long, device=device)  # last column: discarded
-    out_len = torch.zeros(rows, dtype=torch.long, device=device)
-    scores = torch.zeros(rows, device=device)
+    # the running rows' state (row r of it is original row orig[r]); results of rows that
+    # left are written to the final tensors when they leave
+    final = {"tokens": torch.full((rows, max_len + 1), pad, dtype=torch.long, device=device),  # last column: discarded
+             "lengths": torch.zeros(rows, dtype=torch.long, device=device),
+             "scores": torch.zeros(rows, device=device),
+             "finished": torch.zeros(rows, dtype=torch.bool, device=device)}
+    state = {k: v.clone() for k, v in final.items()}
+    orig = torch.arange(rows, device=device)
     done = torch.zeros(rows, dtype=torch.bool, device=device)  # finished, or at the length limit
-    finished = torch.zeros(rows, dtype=torch.bool, device=device)
     tokens = torch.full((rows,), eos, dtype=torch.long, device=device)  # the BOS
     any_done = False
     for step in range(total_steps):
+        out_len = state["lengths"]
         lprobs = step_fn.step(tokens)
         lprobs[:, pad] = float("-inf")  # padding is never a choice (as in SequenceGenerator)
         if step < n_forced + cfg.min_len:
@@ -206,24 +212,39 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator) -> Cand
                 chosen = choose_tokens(lprobs, **options)
             else:
                 idx = gen.nonzero().squeeze(1)
-                chosen = torch.full((rows,), eos, dtype=torch.long, device=device)
+                chosen = torch.full((tokens.numel(),), eos, dtype=torch.long, device=device)
                 chosen[idx] = choose_tokens(lprobs[idx], **options)
         else:
             chosen = lprobs.argmax(-1)
         if free is not None:
             chosen = torch.where(free, chosen, prefix[:, step])
         chosen = chosen.masked_fill(done, eos)
-        out_tokens.scatter_(1, torch.where(gen, out_len, max_len)[:, None], chosen[:, None])
-        scores += lprobs.gather(1, chosen[:, None]).squeeze(1).masked_fill(~gen, 0)
+        state["tokens"].scatter_(1, out_len.masked_fill(~gen, max_len)[:, None], chosen[:, None])
+        state["scores"] += lprobs.gather(1, chosen[:, None]).squeeze(1).masked_fill(~gen, 0)
         out_len += gen
-        finished |= gen & chosen.eq(eos)
-        done = finished | out_len.ge(max_len)
+        state["finished"] |= gen & chosen.eq(eos)
+        done = state["finished"] | out_len.ge(max_len)
         tokens = chosen
         any_done = bool(done.any())
-        if any_done and bool(done.all()):
+        if not any_done:
+            continue
+        live = (~done).nonzero().squeeze(1)
+        if live.numel() == 0:
             break
+        if 2 * live.numel() <= done.numel() and step + 1 < total_steps:  # compact: the finished rows leave
+            left = done.nonzero().squeeze(1)
+            for k, v in state.items():
+                final[k].index_copy_(0, orig[left], v[left])
+            state = {k: v.index_select(0, live) for k, v in state.items()}
+            orig, done, tokens = orig[live], done[live], tokens[live]
+            prefix = prefix[live] if prefix is not None else None
+            step_fn.keep(live)
+            any_done = False
+    for k, v in state.items():
+        final[k].index_copy_(0, orig, v)
+    out_len = final["lengths"]
     width = max(int(out_len.max().item()), 1) if rows > 0 else 1
-    return Candidates(out_tokens[:, :width], out_len, scores, finished, n)
+    return Candidates(final["tokens"][:, :width], out_len, final["scores"], final["finished"], n)
 
 
 def _greedy_or_sample(model, sample, cfg, prefix_tokens, generator) -> Candidates:

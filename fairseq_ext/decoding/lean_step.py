@@ -8,8 +8,8 @@ small model's step is launch-bound, so that chain is the cost of decoding.
 checkpoint needs no conversion): key/value caches preallocated for the whole decode
 and written in place, the encoder's keys and values projected once, one fused
 projection for the self-attention's queries, keys and values, matrix products on
-pre-transposed weights, and no row ever removed (finished rows are masked by the
-caller). It serves ``transformer`` (encoder-decoder) and ``transformer_lm``
+pre-transposed weights, and finished rows masked by the caller, removed only
+rarely (``keep``: once at most half of the rows are still running). It serves ``transformer`` (encoder-decoder) and ``transformer_lm``
 (decoder-only) models.
 
 It follows fairseq's full teacher-forced forward, also where fairseq's own
@@ -112,6 +112,7 @@ class TransformerStep:
         self.values = [self.kv[i, 1].view(rows * h, max_steps, d) for i in range(len(layers))]
         self.self_bias = torch.zeros(rows, h, 1, max_steps, dtype=dtype, device=device)
         self.self_bias_3d = self.self_bias.view(rows * h, 1, max_steps)
+        self.zeros = torch.zeros(rows, dtype=dtype, device=device)
 
         enc = None
         if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
@@ -144,6 +145,27 @@ class TransformerStep:
         self.output = decoder.output_projection.weight.t().contiguous()
         self.output_bias = getattr(decoder.output_projection, "bias", None)
 
+    def keep(self, index: Tensor) -> None:
+        """Keep only the rows ``index`` (in that order): a compaction of every cache, done
+        rarely (each copies the caches), to stop computing rows that finished."""
+        n_old, h = self.rows, self.heads
+        n, steps, d = index.numel(), self.kv.size(4), self.head_dim
+        self.rows = n
+        self.count, self.zeros = self.count.index_select(0, index), self.zeros.index_select(0, index)
+        self.kv = self.kv.index_select(2, index)
+        self.keys = [self.kv[i, 0].view(n * h, steps, d) for i in range(self.kv.size(0))]
+        self.values = [self.kv[i, 1].view(n * h, steps, d) for i in range(self.kv.size(0))]
+        self.self_bias = self.self_bias.index_select(0, index)
+        self.self_bias_3d = self.self_bias.view(n * h, 1, steps)
+
+        def rows_of(t: Tensor) -> Tensor:  # (n_old * h, ...) -> (n * h, ...)
+            return t.view(n_old, h, *t.shape[1:]).index_select(0, index).view(n * h, *t.shape[1:])
+        if hasattr(self, "enc_bias"):
+            self.enc_bias = rows_of(self.enc_bias)
+        for p in self.layers:
+            if p["ea"] is not None:
+                p["ea"]["keys_t"], p["ea"]["values"] = rows_of(p["ea"]["keys_t"]), rows_of(p["ea"]["values"])
+
     def _self_attention(self, i: int, x: Tensor, p: Dict) -> Tensor:
         n, h, d, t = self.rows, self.heads, self.head_dim, self.t
         qkv = _mm(x, *p["qkv"]).view(n, 3, h, d)
@@ -166,7 +188,7 @@ class TransformerStep:
         d = self.decoder
         nonpad = tokens.ne(self.pad)
         self.count += nonpad
-        self.self_bias[:, :, 0, self.t] = torch.where(nonpad, 0.0, float("-inf"))[:, None]
+        self.self_bias[:, :, 0, self.t] = self.zeros.masked_fill(~nonpad, float("-inf"))[:, None]
         x = d.embed_tokens.weight.index_select(0, tokens)
         if d.embed_scale != 1:
             x = x * d.embed_scale
