@@ -16,7 +16,9 @@ greedy baseline), ``mgs`` (K = 4 candidates, greedy decoding). Time: ``--warmup`
 untimed rounds, ``--repeats`` interleaved rounds, median, wall clock. ``--amp``: every
 step (CE's too) under ``torch.autocast`` (float16 on CUDA, bfloat16 on the CPU), as
 fairseq's ``--amp`` runs the forward and backward; without a loss scaler, which only
-multiplies. Printed,
+multiplies. ``--compare-decoding``: each row that decodes (mrt, pg, mgs) is also
+measured with fairseq's incremental decoding (``DecodeConfig.lean = False``), the
+path the static-cache step replaced, in the same run. Printed,
 never asserted. ``residual_nce`` (another task and model) is measured by
 ``bench_residual.py``.
 """
@@ -31,9 +33,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 for _name in ("fairseq", "fairseq_cli"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
+import dataclasses
+
 import torch
 from fairseq import options, utils
 
+from fairseq_ext.decoding import scoring
 from fairseq_ext.synthetic import tiny_models, toy
 
 import timing  # bench/timing.py, beside this script
@@ -63,6 +68,20 @@ def build(data: str, quick: bool, device: torch.device):
     return task, model.to(device).train(), crits
 
 
+DECODING_ROWS = ("mrt 4 samples", "pg 4 samples", "mgs K=4")
+
+
+@contextlib.contextmanager
+def fairseq_decoding():
+    """The criteria's candidate decoding through fairseq's incremental path."""
+    lean = scoring.decode_candidates
+    scoring.decode_candidates = lambda model, batch, cfg, **kw: lean(model, batch, dataclasses.replace(cfg, lean=False), **kw)
+    try:
+        yield
+    finally:
+        scoring.decode_candidates = lean
+
+
 def step(model, sample, criterion, autocast=contextlib.nullcontext) -> None:
     model.zero_grad(set_to_none=True)
     with autocast():
@@ -81,6 +100,9 @@ def bench(args, device: torch.device) -> List[Dict]:
         autocast = contextlib.nullcontext if not args.amp else functools.partial(
             torch.autocast, device.type, dtype=torch.float16 if device.type == "cuda" else torch.bfloat16)
         fns = {row: (lambda c: lambda: step(model, sample, c, autocast))(c) for row, c in crits.items()}
+        if args.compare_decoding:
+            for row in DECODING_ROWS:
+                fns[f"{row}, fairseq decoding"] = (lambda f: lambda: _with(fairseq_decoding, f))(fns[row])
         ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
         calls = {row: timing.aten_calls(fn) for row, fn in fns.items()} if args.op_counts else {}
     rows = [{"row": row, "ms": ms[row], "ratio": ms[row] / ms["ce"], "batch_size": args.batch_size,
@@ -90,9 +112,16 @@ def bench(args, device: torch.device) -> List[Dict]:
     return rows
 
 
+def _with(context, fn):
+    with context():
+        fn()
+
+
 def main(argv=None) -> None:
     parser = timing.step_bench_parser(__doc__)
     parser.add_argument("--amp", action="store_true", help="every step under torch.autocast (fairseq's --amp)")
+    parser.add_argument("--compare-decoding", action="store_true",
+                        help="also measure mrt, pg and mgs with fairseq's incremental decoding, in the same run")
     args = timing.quick_settings(parser.parse_args(argv))
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)

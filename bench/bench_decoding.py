@@ -1,5 +1,7 @@
-"""Candidate decoding speed (and GPU memory): ``decode_candidates`` against fairseq's
-``SequenceGenerator``, both measured in the same run on the same models and batches.
+"""Candidate decoding speed (and GPU memory): ``decode_candidates`` (the static-cache
+step where the model allows it), the same with fairseq's incremental decoding
+(``DecodeConfig.lean = False``), and fairseq's ``SequenceGenerator``, all measured in
+the same run on the same models and batches.
 
 Run: ``.venv/bin/python bench/bench_decoding.py`` (about 2 minutes on one CPU core;
 ``--quick`` for a few-second smoke run, ``--json FILE`` to keep the rows).
@@ -36,8 +38,13 @@ Settings, for every model, regime and batch size B (``--batch-sizes``: decoded r
 
 For the language model both decoders get the prompt as ``prefix_tokens`` (the
 SequenceGenerator limit is L + prompt length, so both generate at most L new tokens).
+"incremental" is ``decode_candidates`` with ``lean=False``: the path the static-cache
+step replaced for ``transformer`` / ``transformer_lm`` (the ``lstm`` takes it either
+way); its tokens are compared with ours ("= inc": the same tokens, also when sampling,
+since both draw the same random numbers for the same rows). tok/s: generated tokens
+(EOS included) per second of ours.
 Timing: ``time.perf_counter`` around one call, ``--warmup`` untimed calls then
-``--repeats`` timed ones, the two decoders interleaved (alternating which goes first),
+``--repeats`` timed ones, the three decoders interleaved (alternating the order),
 the median reported; ``torch.set_num_threads(--threads)``, eval mode, ``no_grad``.
 The ratio column is SequenceGenerator / ours: above 1 means ours is faster.
 Memory: peak ``torch.cuda.max_memory_allocated`` above the model's own allocation
@@ -48,6 +55,7 @@ Timings are printed, never asserted.
 """
 import argparse
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -203,29 +211,40 @@ def bench_setting(model, tgt_dict, sample, prefix, strategy: str, max_len: int, 
         sg = SequenceGenerator([model], tgt_dict, beam_size=NUM_SAMPLES, max_len_a=0, max_len_b=max_len + k,
                                search_strategy=search.Sampling(tgt_dict, sampling_topk=SAMPLE_TOPK))
     gen = torch.Generator(device=device)
+    inc_cfg = dataclasses.replace(cfg, lean=False)
 
     def ours():
         gen.manual_seed(args.seed)
         return decode_candidates(model, sample, cfg, prefix_tokens=prefix, generator=gen)
+
+    def incremental():
+        gen.manual_seed(args.seed)
+        return decode_candidates(model, sample, inc_cfg, prefix_tokens=prefix, generator=gen)
 
     def theirs():
         torch.manual_seed(args.seed)
         with torch.no_grad():
             return sg.generate([model], sample, prefix_tokens=prefix)
 
-    ms, out = timing.interleaved({"ours": ours, "sg": theirs}, args.warmup, args.repeats, device)
+    ms, out = timing.interleaved({"ours": ours, "inc": incremental, "sg": theirs}, args.warmup, args.repeats, device)
     cand, rows = out["ours"], sg_rows(out["sg"], k, max_len, eos)
+    same_as_inc = torch.equal(cand.tokens, out["inc"].tokens) and torch.equal(cand.lengths, out["inc"].lengths)
+    tok_per_s = float(cand.lengths.sum()) / (ms["ours"] / 1000)
     n_ours, n_sg = cand.tokens.size(0), len(rows)
     mismatched = greedy_mismatches(cand, rows, eos) if strategy == "greedy" else (0, 0)
-    ours_ms, sg_ms = ms["ours"], ms["sg"]
+    ours_ms, inc_ms, sg_ms = ms["ours"], ms["inc"], ms["sg"]
     if strategy == "sample":  # per returned candidate
-        ours_ms, sg_ms = ours_ms / n_ours, sg_ms / n_sg
+        ours_ms, inc_ms, sg_ms = ours_ms / n_ours, inc_ms / n_ours, sg_ms / n_sg
     mem_ours, mem_sg = peak_mib(ours, device), peak_mib(theirs, device)
     return {
         "strategy": strategy,
         "ours_ms": ours_ms,
+        "inc_ms": inc_ms,
         "sg_ms": sg_ms,
         "speedup": sg_ms / ours_ms,
+        "speedup_vs_incremental": inc_ms / ours_ms,
+        "same_as_incremental": same_as_inc,
+        "tok_per_s": tok_per_s,
         "ms_unit": "per batch" if strategy == "greedy" else "per candidate",
         "identical": mismatched[0] == 0 if strategy == "greedy" else None,
         "mismatched_rows": mismatched[0],
@@ -259,8 +278,8 @@ def bench_model(arch: str, task, model, args, device: torch.device) -> List[Dict
 
 
 def format_table(rows: List[Dict], device: torch.device) -> str:
-    head = ["model", "regime", "decoding", "inputs x n", "ours ms", "SG ms", "SG/ours", "identical", "mean len ours/SG",
-            "EOS % ours/SG", "peak MiB ours/SG (SG/ours)"]
+    head = ["model", "regime", "decoding", "inputs x n", "ours ms", "inc ms", "inc/ours", "= inc", "SG ms", "SG/ours",
+            "ours tok/s", "identical", "mean len ours/SG", "EOS % ours/SG", "peak MiB ours/SG (SG/ours)"]
     lines = []
     for r in rows:
         mem = "n/a on CPU" if device.type != "cuda" else (
@@ -272,8 +291,9 @@ def format_table(rows: List[Dict], device: torch.device) -> str:
             ident += f" ({bad}/{n} rows, {eos_only} EOS-only)"
         dec = "greedy" if r["strategy"] == "greedy" else f"sample top-{SAMPLE_TOPK} (ms/cand)"
         lines.append([r["model"], r["regime"], dec, f"{r['inputs']}x{r['num_candidates']}", f"{r['ours_ms']:.2f}",
-                      f"{r['sg_ms']:.2f}",
-                      f"{r['speedup']:.2f}x", ident, "{:.1f}/{:.1f}".format(*r["mean_len"]),
+                      f"{r['inc_ms']:.2f}", f"{r['speedup_vs_incremental']:.2f}x",
+                      "yes" if r["same_as_incremental"] else "no", f"{r['sg_ms']:.2f}",
+                      f"{r['speedup']:.2f}x", f"{r['tok_per_s']:.0f}", ident, "{:.1f}/{:.1f}".format(*r["mean_len"]),
                       "{:.0f}/{:.0f}".format(*(100 * x for x in r["eos_frac"])), mem])
     widths = [max(len(x) for x in col) for col in zip(head, *lines)]
     fmt = "  ".join("{:<%d}" % w for w in widths)
@@ -317,8 +337,9 @@ def main(argv=None) -> None:
     print()
     print("max-len: untrained weights, rows rarely emit EOS (worst case). early-stop: EOS logit from a linear\n"
           "probe of the step, so rows end at different steps (greedy mean ~L/2). inputs x n: sources x candidates\n"
-          "each. ms: greedy per batch, sample per candidate. SG/ours > 1: ours faster. identical: greedy tokens\n"
-          "equal row by row; 'EOS-only': mismatched rows where ours is EOS alone (both use min_len=1).")
+          "each. ms: greedy per batch, sample per candidate. inc: fairseq's incremental path (lean=False); = inc:\n"
+          "the same tokens as it. SG/ours > 1: ours faster. identical: greedy tokens equal to SequenceGenerator's\n"
+          "row by row; 'EOS-only': mismatched rows where ours is EOS alone (both use min_len=1).")
     if device.type != "cuda":
         print("memory: n/a on CPU (torch allocations are invisible to tracemalloc; max RSS is process-wide)")
     if args.json:

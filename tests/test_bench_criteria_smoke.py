@@ -4,8 +4,9 @@ from conftest import run_bench
 
 
 def test_bench_criteria_quick(tmp_path):
-    rows = run_bench("bench_criteria.py", tmp_path, "--device", "cpu", "--op-counts", timeout=300)
-    assert [r["row"] for r in rows][0] == "ce" and len(rows) == 8
+    rows = run_bench("bench_criteria.py", tmp_path, "--device", "cpu", "--op-counts", "--compare-decoding",
+                     timeout=300)
+    assert [r["row"] for r in rows][0] == "ce" and len(rows) == 11
     assert all(r["ms"] > 0 for r in rows)
     # operator calls per step (the GPU launch-bound proxy): CE's step is one teacher-forced
     # pass; every criterion that decodes step by step makes several times its calls, and
@@ -13,3 +14,6 @@ def test_bench_criteria_quick(tmp_path):
     calls = {r["row"]: r["aten_calls"] for r in rows}
     assert calls["ce"] < calls["self_normalized_ce"] < 1.5 * calls["ce"]
     assert all(calls[row] > 2 * calls["ce"] for row in calls if row not in ("ce", "self_normalized_ce"))
+    # the static-cache decoding step makes fewer calls than fairseq's incremental path
+    for row in ("mrt 4 samples", "pg 4 samples", "mgs K=4"):
+        assert calls[row] < calls[f"{row}, fairseq decoding"], row

@@ -1,5 +1,6 @@
-"""bench/bench_decoding.py --quick runs end to end, writes its rows, and greedy decoding
-agrees with SequenceGenerator in every greedy row. Timings are never asserted."""
+"""bench/bench_decoding.py --quick runs end to end, writes its rows, greedy decoding
+agrees with SequenceGenerator in every greedy row, and the static-cache step gives
+fairseq's incremental path's tokens in every row. Timings are never asserted."""
 from conftest import run_bench
 
 
@@ -9,4 +10,5 @@ def test_bench_decoding_quick(tmp_path):
     greedy = [r for r in rows if r["strategy"] == "greedy"]
     assert {r["model"] for r in greedy} == {"transformer", "lstm", "transformer_lm"}
     assert all(r["identical"] for r in greedy), [r for r in greedy if not r["identical"]]
-    assert all(r["ours_ms"] > 0 and r["sg_ms"] > 0 for r in rows)
+    assert all(r["ours_ms"] > 0 and r["sg_ms"] > 0 and r["inc_ms"] > 0 for r in rows)
+    assert all(r["same_as_incremental"] for r in rows), [r for r in rows if not r["same_as_incremental"]]
