@@ -8,7 +8,11 @@ keep the rows).
 
 Model: ``transformer`` (3+3 layers, embed 256, ffn 1024, 4 heads; ``--quick``: the
 tiny one), random weights, train mode, on the toy translation corpus; batch of
-the first B sentences. Rows, each with its training settings of the docs:
+the first B sentences. ``--size iwslt``: the size users train instead, the
+``transformer_iwslt_de_en`` shape (6+6 layers, embed 512, ffn 1024, 4 heads) on a
+batch of about ``--batch-tokens`` tokens (4,096: the first sentences until the
+longer side of each, summed, reaches it), meant for a GPU. On CUDA every row's peak
+memory above the model's is reported (one extra call, statistics reset before it). Rows, each with its training settings of the docs:
 ``ce`` (ratio 1), ``self_normalized_ce``, ``dss soft-argmax`` (eps = 0: every
 position fed the relaxed decision, the worst case), ``soft_beam_direct_loss`` and
 ``soft_beam_hinge`` (k = 3), ``mrt`` (4 samples), ``pg`` (4 samples, self-critical
@@ -56,9 +60,15 @@ ROWS = {
 }
 
 
-def build(data: str, quick: bool, device: torch.device):
+# transformer_iwslt_de_en's shape, as overrides of tiny_models.TINY_ARCHS["transformer"]
+IWSLT = ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim", "512", "--decoder-embed-dim", "512",
+         "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
+         "--decoder-attention-heads", "4"]
+
+
+def build(data: str, quick: bool, device: torch.device, size: str = "small"):
     """(task, model, the criterions of ROWS) sharing one task and model."""
-    arch = [] if quick else timing.TRANSFORMER
+    arch = [] if quick else (IWSLT if size == "iwslt" else timing.TRANSFORMER)
     task, model, _ = tiny_models.build_task_and_model(data, "translation", "transformer", arch + ["--dropout", "0.1"])
     crits = {}
     for row, extra in ROWS.items():
@@ -91,11 +101,17 @@ def step(model, sample, criterion, autocast=contextlib.nullcontext) -> None:
 
 def bench(args, device: torch.device) -> List[Dict]:
     with tempfile.TemporaryDirectory() as tmp:
-        raw = toy.write_toy_data(os.path.join(tmp, "raw"), sizes=(max(64, args.batch_size), 10, 10))
+        n = max(64, args.batch_size) if args.size == "small" else max(64, args.batch_tokens // 4)
+        raw = toy.write_toy_data(os.path.join(tmp, "raw"), sizes=(n, 10, 10))
         data = toy.binarize_translation(raw, os.path.join(tmp, "bin"))
-        task, model, crits = build(data, args.quick, device)
+        task, model, crits = build(data, args.quick, device, args.size)
         task.load_dataset("train")
         ds = task.dataset("train")
+        if args.size == "iwslt":  # the first sentences up to --batch-tokens (fairseq's --max-tokens measure)
+            tokens, args.batch_size = 0, 0
+            while args.batch_size < len(ds) and tokens < args.batch_tokens:
+                tokens += max(ds.src_sizes[args.batch_size], ds.tgt_sizes[args.batch_size])
+                args.batch_size += 1
         sample = utils.apply_to_sample(lambda t: t.to(device), ds.collater([ds[i] for i in range(args.batch_size)]))
         autocast = contextlib.nullcontext if not args.amp else functools.partial(
             torch.autocast, device.type, dtype=torch.float16 if device.type == "cuda" else torch.bfloat16)
@@ -105,11 +121,25 @@ def bench(args, device: torch.device) -> List[Dict]:
                 fns[f"{row}, fairseq decoding"] = (lambda f: lambda: _with(fairseq_decoding, f))(fns[row])
         ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
         calls = {row: timing.aten_calls(fn) for row, fn in fns.items()} if args.op_counts else {}
+        peak = {row: peak_mib(fn, device) for row, fn in fns.items()}
     rows = [{"row": row, "ms": ms[row], "ratio": ms[row] / ms["ce"], "batch_size": args.batch_size,
-             "device": str(device), "amp": args.amp} for row in fns]
+             "size": args.size, "device": str(device), "amp": args.amp, "peak_mib": peak[row],
+             "peak_ratio": peak[row] / peak["ce"] if peak[row] is not None else None} for row in fns]
     for r in rows if calls else []:
         r.update(aten_calls=calls[r["row"]], calls_ratio=calls[r["row"]] / calls["ce"])
     return rows
+
+
+def peak_mib(fn, device: torch.device):
+    """Peak CUDA memory of one call of ``fn`` above what was allocated before it (MiB); None elsewhere."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    timing.sync(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
 def _with(context, fn):
@@ -120,6 +150,10 @@ def _with(context, fn):
 def main(argv=None) -> None:
     parser = timing.step_bench_parser(__doc__)
     parser.add_argument("--amp", action="store_true", help="every step under torch.autocast (fairseq's --amp)")
+    parser.add_argument("--size", choices=["small", "iwslt"], default="small",
+                        help="small: 3+3 x 256, batch --batch-size; iwslt: transformer_iwslt_de_en's shape, batch "
+                             "--batch-tokens")
+    parser.add_argument("--batch-tokens", type=int, default=4096, help="--size iwslt: tokens a batch (about)")
     parser.add_argument("--compare-decoding", action="store_true",
                         help="also measure mrt, pg and mgs with fairseq's incremental decoding, in the same run")
     args = timing.quick_settings(parser.parse_args(argv))
@@ -127,11 +161,15 @@ def main(argv=None) -> None:
     device = torch.device(args.device)
     torch.manual_seed(1)
     rows = bench(args, device)
-    timing.report(f"training step of each criterion / cross-entropy step, transformer, batch {args.batch_size}, "
-                  f"device {device}{', autocast' if args.amp else ''}, {args.threads} thread(s), median of {args.repeats}",
-                  timing.table(["row", "ms / step", "ratio to ce"] + (["aten calls", "calls / ce"] if args.op_counts else []),
+    mem = device.type == "cuda"
+    timing.report(f"training step of each criterion / cross-entropy step, transformer ({args.size}), batch "
+                  f"{args.batch_size}, device {device}{', autocast' if args.amp else ''}, {args.threads} thread(s), "
+                  f"median of {args.repeats}",
+                  timing.table(["row", "ms / step", "ratio to ce"] + (["aten calls", "calls / ce"] if args.op_counts else [])
+                               + (["peak MiB", "peak / ce"] if mem else []),
                                [[r["row"], f"{r['ms']:.1f}", f"{r['ratio']:.2f}"]
                                 + ([str(r["aten_calls"]), f"{r['calls_ratio']:.2f}"] if args.op_counts else [])
+                                + ([f"{r['peak_mib']:.0f}", f"{r['peak_ratio']:.2f}"] if mem else [])
                                 for r in rows]), rows, args.json)
 
 

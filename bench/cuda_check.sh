@@ -16,7 +16,8 @@ directory (it works in the checkout that holds it, which comes first on PYTHONPA
   1. the CUDA-only tests, tests/test_gpu.py (mixed precision through fairseq-train, every
      criterion's updates in fp16, CUDA decoding and sampling)  -> OUT_DIR/tests.log, tests.xml
   2. the benchmarks with --device cuda, each against its baseline measured in the same run:
-     bench_criteria, bench_criteria_amp (bench_criteria.py --amp), bench_dss, bench_soft_beam,
+     bench_criteria (with --compare-decoding --op-counts), bench_criteria_iwslt (bench_criteria.py
+     --size iwslt --compare-decoding: transformer_iwslt_de_en's shape, 4,096-token batches), bench_criteria_amp (bench_criteria.py --amp), bench_dss, bench_soft_beam,
      bench_mgs, bench_mh, bench_decoding (not bench_residual.py: it times the CPU only)
                                                                 -> OUT_DIR/NAME.log, NAME.json
   3. OUT_DIR/report.md: torch / CUDA / GPU versions, the tests' pass / fail / skip counts and
@@ -44,7 +45,7 @@ EOF
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-$(command -v python3 || command -v python || echo python3)}
-ALL_BENCHES="bench_criteria bench_criteria_amp bench_dss bench_soft_beam bench_mgs bench_mh bench_decoding"
+ALL_BENCHES="bench_criteria bench_criteria_iwslt bench_criteria_amp bench_dss bench_soft_beam bench_mgs bench_mh bench_decoding"
 BENCHES=$ALL_BENCHES
 KEXPR="" TESTS=1 QUICK="" WORKERS="" TEST_TIMEOUT=300 BENCH_TIMEOUT=1800 REPORT_ONLY=0 OUT=""
 die() { echo "cuda_check.sh: $*" >&2; exit 2; }
@@ -130,17 +131,21 @@ def bench_rows(name, data):
                  for r in data.get("memory", []) if r.get("mode") == "mgs"]
         return ["row", "ms (MiB for memory)", "baseline ms", "ratio"], rows
     if name == "bench_decoding":
-        return (["model", "regime", "strategy", "inputs", "ours ms", "SequenceGenerator ms", "SG / ours", "memory SG / ours"],
-                [[r.get("model"), r.get("regime"), r.get("strategy"), r.get("inputs"), f(r["ours_ms"]), f(r["sg_ms"]),
+        return (["model", "regime", "strategy", "inputs", "ours ms", "incremental ms", "inc / ours",
+                 "SequenceGenerator ms", "SG / ours", "memory SG / ours"],
+                [[r.get("model"), r.get("regime"), r.get("strategy"), r.get("inputs"), f(r["ours_ms"]),
+                  f(r.get("inc_ms")), f(r.get("speedup_vs_incremental")), f(r["sg_ms"]),
                   f(r["speedup"]), f(r.get("mem_ratio"))] for r in data.get("rows", [])])
     if name == "bench_mh":
         return (["row", "ms", "proposals / s", "vs algorithm 4"],
                 [[r["row"], f(r["ms"], 1), f(r["proposals_per_s"], 1), f(r["speedup"], 1)] for r in data])
     group = next((k for k in ("model", "arch") if data and k in data[0]), None)
-    peak = bool(data) and "peak_ratio" in data[0]
-    head = ([group] if group else []) + ["row", "ms / step", "ratio to CE"] + (["peak memory / CE"] if peak else [])
+    peak = bool(data) and data[0].get("peak_ratio") is not None
+    calls = bool(data) and "calls_ratio" in data[0]
+    head = (([group] if group else []) + ["row", "ms / step", "ratio to CE"] + (["peak memory / CE"] if peak else [])
+            + (["operator calls / CE"] if calls else []))
     return head, [([r[group]] if group else []) + [r["row"], f(r["ms"], 1), f(r["ratio"])]
-                  + ([f(r["peak_ratio"])] if peak else []) for r in data]
+                  + ([f(r["peak_ratio"])] if peak else []) + ([f(r["calls_ratio"])] if calls else []) for r in data]
 
 
 names = sorted(set(status) | {p[:-5] for p in os.listdir(out) if p.startswith("bench_") and p.endswith(".json")},
@@ -225,6 +230,8 @@ for b in $BENCHES; do
   script=bench/${b%_amp}.py
   extra=()
   [ "$b" = "${b%_amp}" ] || extra+=(--amp)
+  [ "$b" != bench_criteria ] || extra+=(--compare-decoding --op-counts)
+  [ "$b" != bench_criteria_iwslt ] || { script=bench/bench_criteria.py; extra+=(--size iwslt --compare-decoding); }
   [ -z "$QUICK" ] || extra+=("$QUICK")
   echo "==> $b: $PY $script --device cuda ${extra[*]:-} --json $OUT/$b.json"
   t0=$SECONDS
