@@ -121,25 +121,13 @@ def bench(args, device: torch.device) -> List[Dict]:
                 fns[f"{row}, fairseq decoding"] = (lambda f: lambda: _with(fairseq_decoding, f))(fns[row])
         ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
         calls = {row: timing.aten_calls(fn) for row, fn in fns.items()} if args.op_counts else {}
-        peak = {row: peak_mib(fn, device) for row, fn in fns.items()}
+        peak = {row: timing.peak_mib(fn, device) for row, fn in fns.items()}
     rows = [{"row": row, "ms": ms[row], "ratio": ms[row] / ms["ce"], "batch_size": args.batch_size,
              "size": args.size, "device": str(device), "amp": args.amp, "peak_mib": peak[row],
              "peak_ratio": peak[row] / peak["ce"] if peak[row] is not None else None} for row in fns]
     for r in rows if calls else []:
         r.update(aten_calls=calls[r["row"]], calls_ratio=calls[r["row"]] / calls["ce"])
     return rows
-
-
-def peak_mib(fn, device: torch.device):
-    """Peak CUDA memory of one call of ``fn`` above what was allocated before it (MiB); None elsewhere."""
-    if device.type != "cuda":
-        return None
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    fn()
-    timing.sync(device)
-    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
 def _with(context, fn):

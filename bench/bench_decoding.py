@@ -61,7 +61,7 @@ import logging
 import os
 import statistics
 import tempfile
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 for _name in ("fairseq", "fairseq_cli"):
     logging.getLogger(_name).setLevel(logging.WARNING)
@@ -167,18 +167,6 @@ def early_stopping_copy(model, sample: Dict, prefix: Optional[torch.Tensor], max
     return copy_.eval()
 
 
-def peak_mib(fn: Callable, device: torch.device) -> Optional[float]:
-    """Peak CUDA memory of one call above what was allocated before it (MiB); None on CPU."""
-    if device.type != "cuda":
-        return None
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    fn()
-    timing.sync(device)
-    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
-
-
 def sg_rows(hypos, k: int, max_len: int, eos: int) -> List[Tuple[torch.Tensor, bool]]:
     """SequenceGenerator output as (generated tokens without the prompt and without a
     forced EOS at the limit, ended-with-EOS) per returned hypothesis."""
@@ -235,7 +223,7 @@ def bench_setting(model, tgt_dict, sample, prefix, strategy: str, max_len: int, 
     ours_ms, inc_ms, sg_ms = ms["ours"], ms["inc"], ms["sg"]
     if strategy == "sample":  # per returned candidate
         ours_ms, inc_ms, sg_ms = ours_ms / n_ours, inc_ms / n_ours, sg_ms / n_sg
-    mem_ours, mem_sg = peak_mib(ours, device), peak_mib(theirs, device)
+    mem_ours, mem_sg = timing.peak_mib(ours, device), timing.peak_mib(theirs, device)
     return {
         "strategy": strategy,
         "ours_ms": ours_ms,

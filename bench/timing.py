@@ -87,6 +87,20 @@ def step_bench_parser(doc: str):
     return p
 
 
+def peak_mib(fn: Callable, device: torch.device):
+    """Peak CUDA memory of one call of ``fn`` above what was allocated before it (MiB);
+    None on other devices (on the CPU torch's allocations are invisible to tracemalloc,
+    and max RSS is process-wide and never decreases)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    sync(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
 def aten_calls(fn: Callable) -> int:
     """Operator calls (``aten::*`` events, nested ones included) of one call of ``fn``,
     recorded by torch.profiler on the CPU side: a proxy for the kernel launches the
