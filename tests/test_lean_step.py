@@ -223,3 +223,14 @@ def test_rows_that_finish_leave_the_caches_together(translation, language_model,
         assert torch.equal(lean.tokens, ref.tokens) and torch.equal(lean.finished, ref.finished)
         assert (lean.scores - ref.scores).abs().max().item() < 1e-4
     assert kept, "no compaction happened"
+
+
+@pytest.mark.parametrize("options,reason", [
+    (["--adaptive-input", "--adaptive-input-cutoff", "20"], "AdaptiveInput token embeddings (adaptive input)"),
+    (["--adaptive-softmax-cutoff", "20"], "adaptive softmax"),
+])
+def test_adaptive_input_or_softmax_take_fairseqs_path(toy_lm_bin, options, reason):
+    """A transformer_lm with adaptive input or adaptive softmax is not covered; the reason names it."""
+    _, model, _ = tiny_models.build_task_and_model(toy_lm_bin, "text_completion", "transformer_lm",
+                                                   ["--completion-context-size", "3"] + options)
+    assert unsupported_reason(model.decoder) == reason

@@ -17,9 +17,9 @@ incremental path does not: a ``<pad>`` in a history is masked as a key and skipp
 when counting positions (fairseq's incremental path does neither).
 
 ``unsupported_reason(decoder)`` names what a decoder has that the step does not
-cover (adaptive softmax, quantisation noise, cross-self-attention, NormFormer's
-extra scalings, attention biases, forward hooks on its modules); callers then use
-fairseq's path.
+cover (adaptive input or softmax, quantisation noise, cross-self-attention,
+NormFormer's extra scalings, attention biases, forward hooks on its modules);
+callers then use fairseq's path.
 """
 from typing import Dict, List, Optional, Tuple
 
@@ -43,6 +43,8 @@ def unsupported_reason(decoder) -> Optional[str]:
         return f"{type(decoder).__name__} is not a fairseq TransformerDecoder"
     if getattr(decoder, "adaptive_softmax", None) is not None:
         return "adaptive softmax"
+    if not isinstance(decoder.embed_tokens, torch.nn.Embedding):
+        return f"{type(decoder.embed_tokens).__name__} token embeddings (adaptive input)"
     if getattr(decoder, "quant_noise", None) is not None:
         return "quantisation noise"
     if getattr(decoder, "cross_self_attention", False):
