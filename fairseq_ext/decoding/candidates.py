@@ -3,7 +3,8 @@ PG and evaluation call.
 
 Greedy and ancestral sampling (temperature, top-k, top-p) of a fairseq
 ``transformer`` / ``transformer_lm`` run ``lean_step.TransformerStep``: static caches,
-one step of few operators for all B x n rows, finished rows masked, never removed.
+one step of few operators for all B x n rows, finished rows masked, and dropped from
+every cache together once at most half of the rows still run.
 Other decoders (``lstm``, ...) run fairseq's incremental decoding, dropping finished
 rows by reordering the incremental state; ``DecodeConfig.lean = False`` selects that
 path for every model (it is the reference the lean step is tested against). Both
@@ -168,22 +169,8 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator) -> Cand
     """As ``_greedy_or_sample``, with ``TransformerStep``: a row that finished is fed EOS
     and its outputs are ignored; once at most half of the rows still run, the finished
     ones leave every cache at once (``TransformerStep.keep``), their results kept."""
-    dictionary = model.decoder.dictionary
-    pad, eos = dictionary.pad(), dictionary.eos()
-    net_input = sample["net_input"]
-    bsz, n = net_input["src_tokens"].size(0), cfg.num_candidates
-    device = net_input["src_tokens"].device
-    encoder_out = None
-    if _is_encoder_decoder(model):
-        encoder_out = model.encoder.forward_torchscript(net_input)
-    elif prefix_tokens is None:
-        raise ValueError("a decoder-only model needs prefix_tokens (the prompt) to continue")
-    expand = torch.arange(bsz, device=device).repeat_interleave(n)
-    prefix = prefix_tokens.index_select(0, expand) if prefix_tokens is not None else None
-    n_forced = prefix.size(1) if prefix is not None else 0
-    max_len = max_decode_length(model, sample, cfg)
-    total_steps = n_forced + max_len
-    rows = bsz * n
+    pad, eos, n, device, expand, encoder_out, prefix, n_forced, max_len = _plan(model, sample, cfg, prefix_tokens)
+    total_steps, rows = n_forced + max_len, expand.numel()
     step_fn = TransformerStep(model, encoder_out, expand, total_steps)
     sampling = cfg.strategy == "sample"
 
@@ -247,28 +234,32 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator) -> Cand
     return Candidates(final["tokens"][:, :width], out_len, final["scores"], final["finished"], n)
 
 
-def _greedy_or_sample(model, sample, cfg, prefix_tokens, generator) -> Candidates:
+def _plan(model, sample, cfg, prefix_tokens):
+    """What both greedy / sampling paths start from: (pad, eos, n, device, expand, the
+    encoder's output for the B inputs (None for a decoder-only model), the forced
+    prefix of each of the B x n rows, its length, the maximum generated length);
+    ``expand`` (B x n,) is each row's input."""
     dictionary = model.decoder.dictionary
-    pad, eos = dictionary.pad(), dictionary.eos()
     net_input = sample["net_input"]
-    bsz = net_input["src_tokens"].size(0)
-    n = cfg.num_candidates
-    device = net_input["src_tokens"].device
-    if not _is_encoder_decoder(model) and prefix_tokens is None:
-        raise ValueError("a decoder-only model needs prefix_tokens (the prompt) to continue")
-
-    expand = torch.arange(bsz, device=device).repeat_interleave(n)
+    device, n = net_input["src_tokens"].device, cfg.num_candidates
     encoder_out = None
     if _is_encoder_decoder(model):
         encoder_out = model.encoder.forward_torchscript(net_input)
-        if n > 1:
-            encoder_out = model.encoder.reorder_encoder_out(encoder_out, expand)
+    elif prefix_tokens is None:
+        raise ValueError("a decoder-only model needs prefix_tokens (the prompt) to continue")
+    expand = torch.arange(net_input["src_tokens"].size(0), device=device).repeat_interleave(n)
     prefix = prefix_tokens.index_select(0, expand) if prefix_tokens is not None else None
     n_forced = prefix.size(1) if prefix is not None else 0
-    max_len = max_decode_length(model, sample, cfg)
-    total_steps = n_forced + max_len
+    return (dictionary.pad(), dictionary.eos(), n, device, expand, encoder_out, prefix, n_forced,
+            max_decode_length(model, sample, cfg))
 
-    rows = bsz * n
+
+def _greedy_or_sample(model, sample, cfg, prefix_tokens, generator) -> Candidates:
+    pad, eos, n, device, expand, encoder_out, prefix, n_forced, max_len = _plan(model, sample, cfg, prefix_tokens)
+    if encoder_out is not None and n > 1:
+        encoder_out = model.encoder.reorder_encoder_out(encoder_out, expand)
+    total_steps, rows = n_forced + max_len, expand.numel()
+
     # history of decoder inputs: BOS (= EOS, as fairseq) then everything fed so far
     history = torch.full((rows, total_steps + 1), pad, dtype=torch.long, device=device)
     history[:, 0] = eos
