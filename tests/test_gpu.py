@@ -262,6 +262,8 @@ def test_static_cache_decoding_on_cuda(arch, toy_bin, toy_lm_bin):
     """The static-cache decoder step on CUDA (float32): fairseq's full teacher-forced forward
     within 1e-4 at every position, and candidates equal to fairseq's incremental path's
     (greedy, and sampled with one CUDA generator: the same draws for the same rows)."""
+    from fairseq import utils
+
     from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
     from fairseq_ext.decoding.lean_step import TransformerStep
     from fairseq_ext.decoding.scoring import BatchScorer
@@ -272,9 +274,7 @@ def test_static_cache_decoding_on_cuda(arch, toy_bin, toy_lm_bin):
     model = model.cuda().eval()
     task.load_dataset("valid")
     ds = task.dataset("valid")
-    sample = {k: v for k, v in ds.collater([ds[i] for i in range(12)]).items()}
-    from fairseq import utils
-    sample = utils.move_to_cuda(sample)
+    sample = utils.move_to_cuda(ds.collater([ds[i] for i in range(12)]))
     batch, prefix = BatchScorer(task, "edit").decode_inputs(sample, task.target_dictionary)
     d = task.target_dictionary
     with torch.no_grad():

@@ -9,8 +9,8 @@ checkpoint needs no conversion): key/value caches preallocated for the whole dec
 and written in place, the encoder's keys and values projected once, one fused
 projection for the self-attention's queries, keys and values, matrix products on
 pre-transposed weights, and finished rows masked by the caller, removed only
-rarely (``keep``: once at most half of the rows are still running). It serves ``transformer`` (encoder-decoder) and ``transformer_lm``
-(decoder-only) models.
+rarely (``keep``: once at most half of the rows are still running). It serves
+``transformer`` (encoder-decoder) and ``transformer_lm`` (decoder-only) models.
 
 It follows fairseq's full teacher-forced forward, also where fairseq's own
 incremental path does not: a ``<pad>`` in a history is masked as a key and skipped
@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
 
 def _attend(q: Tensor, keys_t: Tensor, values: Tensor, bias: Tensor, scale: float) -> Tensor:
     """softmax(scale q k^T + bias) v over (N*H) rows: q (N*H, 1, d), keys_t (N*H, d, S),
@@ -110,13 +111,11 @@ class TransformerStep:
         # self-attention: keys and values of every layer and position, written in place; a <pad>
         # key is masked by -inf in the bias (per row, repeated over the heads)
         self.kv = torch.zeros(len(layers), 2, rows, h, max_steps, d, dtype=dtype, device=device)
-        self.keys = [self.kv[i, 0].view(rows * h, max_steps, d) for i in range(len(layers))]
-        self.values = [self.kv[i, 1].view(rows * h, max_steps, d) for i in range(len(layers))]
         self.self_bias = torch.zeros(rows, h, 1, max_steps, dtype=dtype, device=device)
-        self.self_bias_3d = self.self_bias.view(rows * h, 1, max_steps)
+        self._cache_views()
         self.zeros = torch.zeros(rows, dtype=dtype, device=device)
 
-        enc = None
+        enc, self.enc_bias = None, None
         if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
             enc = encoder_out["encoder_out"][0].transpose(0, 1).index_select(0, expand)  # (rows, S, C)
             s_len = enc.size(1)
@@ -147,22 +146,27 @@ class TransformerStep:
         self.output = decoder.output_projection.weight.t().contiguous()
         self.output_bias = getattr(decoder.output_projection, "bias", None)
 
+    def _cache_views(self) -> None:
+        """Per layer, the (rows * heads, steps, head_dim) views of the keys and values the
+        attention products read, and the bias's (rows * heads, 1, steps) view."""
+        layers, _, rows, h, steps, d = self.kv.shape
+        self.keys = [self.kv[i, 0].view(rows * h, steps, d) for i in range(layers)]
+        self.values = [self.kv[i, 1].view(rows * h, steps, d) for i in range(layers)]
+        self.self_bias_3d = self.self_bias.view(rows * h, 1, steps)
+
     def keep(self, index: Tensor) -> None:
         """Keep only the rows ``index`` (in that order): a compaction of every cache, done
         rarely (each copies the caches), to stop computing rows that finished."""
-        n_old, h = self.rows, self.heads
-        n, steps, d = index.numel(), self.kv.size(4), self.head_dim
+        n_old, h, n = self.rows, self.heads, index.numel()
         self.rows = n
         self.count, self.zeros = self.count.index_select(0, index), self.zeros.index_select(0, index)
         self.kv = self.kv.index_select(2, index)
-        self.keys = [self.kv[i, 0].view(n * h, steps, d) for i in range(self.kv.size(0))]
-        self.values = [self.kv[i, 1].view(n * h, steps, d) for i in range(self.kv.size(0))]
         self.self_bias = self.self_bias.index_select(0, index)
-        self.self_bias_3d = self.self_bias.view(n * h, 1, steps)
+        self._cache_views()
 
         def rows_of(t: Tensor) -> Tensor:  # (n_old * h, ...) -> (n * h, ...)
             return t.view(n_old, h, *t.shape[1:]).index_select(0, index).view(n * h, *t.shape[1:])
-        if hasattr(self, "enc_bias"):
+        if self.enc_bias is not None:
             self.enc_bias = rows_of(self.enc_bias)
         for p in self.layers:
             if p["ea"] is not None:
