@@ -180,3 +180,12 @@ def test_sequence_log_probs_equal_decoder_scores(untrained_models, arch):
     lp = sequence_log_probs(model, sample, cand.as_list(), cand.source_index, prefix_tokens=prefix)
     assert lp.requires_grad
     assert torch.allclose(lp.detach(), cand.scores, atol=1e-4)
+    # the same hypotheses as one padded tensor, right- or left-padded, one extra pad column
+    pad = model.decoder.dictionary.pad()
+    right = torch.cat([cand.tokens, cand.tokens.new_full((cand.tokens.size(0), 1), pad)], dim=1)
+    shift = right.size(1) - cand.lengths
+    left = torch.stack([row.roll(int(s)) for row, s in zip(right, shift)])
+    assert left[:, 0].eq(pad).all() and not torch.equal(left, right)
+    for padded in (right, left):
+        lp = sequence_log_probs(model, sample, padded, cand.source_index, prefix_tokens=prefix)
+        assert torch.allclose(lp.detach(), cand.scores, atol=1e-4)

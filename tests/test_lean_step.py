@@ -20,7 +20,7 @@ import torch
 
 import fairseq.utils
 from fairseq_ext.decoding import candidates as cand_mod
-from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates, sequence_log_probs
+from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates, decode_with_greedy, sequence_log_probs
 from fairseq_ext.decoding.lean_step import TransformerStep, unsupported_reason
 from fairseq_ext.decoding.scoring import BatchScorer
 from fairseq_ext.synthetic import tiny_models
@@ -197,16 +197,10 @@ def test_other_decoders_take_fairseqs_path_with_one_log_line(untrained_models, c
     assert c.tokens.size(0) == 6
 
 
-@pytest.mark.parametrize("eos_bias", [2.0, 3.0])
-@pytest.mark.parametrize("which", ["transformer", "transformer_lm"])
-def test_rows_that_finish_leave_the_caches_together(translation, language_model, which, eos_bias, monkeypatch):
-    """EOS made likelier (a bias on its output row, not a hook: the step reads parameters),
-    so rows finish at different steps: once at most half still run, the finished ones leave
-    every cache together (TransformerStep.keep); tokens and scores stay fairseq's path's,
-    greedy and sampled, after a forced prefix too."""
+def _eos_biased(model, task, eos_bias):
+    """A copy of ``model`` whose output layer adds ``eos_bias`` to EOS's score."""
     import copy
 
-    task, model = translation if which == "transformer" else language_model
     model = copy.deepcopy(model)
     old = model.decoder.output_projection
     new = torch.nn.Linear(old.in_features, old.out_features, bias=True)
@@ -215,6 +209,46 @@ def test_rows_that_finish_leave_the_caches_together(translation, language_model,
         new.bias.zero_()
         new.bias[task.target_dictionary.eos()] = eos_bias
     model.decoder.output_projection = new
+    return model
+
+
+@pytest.mark.parametrize("eos_bias", [0.0, 3.0])
+@pytest.mark.parametrize("which", ["transformer", "transformer_lm"])
+def test_samples_and_greedy_in_one_decode_equal_two_decodes_on_fairseqs_path(translation, language_model, which,
+                                                                             eos_bias):
+    """``decode_with_greedy`` (the greedy rows after the sampled ones, one static-cache
+    decode) gives the samples and the greedy candidates of two decodes on fairseq's path:
+    the same tokens and finished flags, the same random numbers for the sampled rows,
+    also where rows finish early and leave the caches (EOS bias 3)."""
+    task, model = translation if which == "transformer" else language_model
+    model = _eos_biased(model, task, eos_bias)
+    sample = _batch(task, 12)
+    batch, prefix = BatchScorer(task, "edit").decode_inputs(sample, task.target_dictionary)
+    cfg = dict(strategy="sample", num_candidates=3, topk=5, max_len_b=12)
+    cand, greedy = decode_with_greedy(model, batch, DecodeConfig(**cfg), prefix_tokens=prefix,
+                                      generator=torch.Generator().manual_seed(3))
+    ref = decode_candidates(model, batch, DecodeConfig(lean=False, **cfg), prefix_tokens=prefix,
+                            generator=torch.Generator().manual_seed(3))
+    ref_greedy = decode_candidates(model, batch, DecodeConfig(lean=False, max_len_b=12), prefix_tokens=prefix)
+    for got, want in ((cand, ref), (greedy, ref_greedy)):
+        assert got.num_per_input == want.num_per_input
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.lengths, want.lengths)
+        assert torch.equal(got.finished, want.finished)
+        assert (got.scores - want.scores).abs().max().item() < 1e-4
+    if eos_bias:  # rows finished at different steps
+        assert cand.finished.any() and cand.lengths.unique().numel() > 1
+    assert not torch.equal(cand.tokens[::3, :5], greedy.tokens[:, :5])  # the sampled rows were sampled
+
+
+@pytest.mark.parametrize("eos_bias", [2.0, 3.0])
+@pytest.mark.parametrize("which", ["transformer", "transformer_lm"])
+def test_rows_that_finish_leave_the_caches_together(translation, language_model, which, eos_bias, monkeypatch):
+    """EOS made likelier (a bias on its output row, not a hook: the step reads parameters),
+    so rows finish at different steps: once at most half still run, the finished ones leave
+    every cache together (TransformerStep.keep); tokens and scores stay fairseq's path's,
+    greedy and sampled, after a forced prefix too."""
+    task, model = translation if which == "transformer" else language_model
+    model = _eos_biased(model, task, eos_bias)
     kept = []
     keep = TransformerStep.keep
     monkeypatch.setattr(TransformerStep, "keep", lambda self, index: (kept.append(index.numel()), keep(self, index)))

@@ -9,7 +9,8 @@ mean token NLL, the scale on which Edunov et al. (2018) mix a token-level loss
 into a sequence risk, so that the familiar weights 0.1-0.5 mean what they mean
 there. (Their token loss averages over the batch's tokens; ours averages within
 each sentence, which keeps the loss a sum over sentences, so data-parallel
-training and ``--update-freq`` stay exact.)"""
+training and ``--update-freq`` stay exact.) The references are scored in the
+candidates' teacher-forced forward: one encoder pass and one decoder call for both."""
 from typing import Dict, List, Tuple
 
 import torch
@@ -18,9 +19,8 @@ from torch import Tensor
 
 from fairseq_ext.runtime.clock import check_model_at_start
 from fairseq_ext.runtime.distributed import forward_in_wrapper
-from fairseq_ext.decoding.candidates import DecodeConfig, sequence_log_probs
-from fairseq_ext.decoding.scoring import (BatchScorer, check_candidate_model, log_cost_seconds, log_sentence_means,
-                                          reference_nll)
+from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, pad_columns, sequence_log_probs
+from fairseq_ext.decoding.scoring import BatchScorer, check_candidate_model, log_cost_seconds, log_sentence_means
 
 
 class CandidateRiskCriterion(FairseqCriterion):
@@ -33,9 +33,14 @@ class CandidateRiskCriterion(FairseqCriterion):
         self.decode_cfg = decode_cfg
         self.mle_weight = mle_weight
 
-    def candidate_set(self, module, cand, batch) -> Tuple[List[Tensor], Tensor]:
-        """(hypotheses, index of the input each answers), grouped by input."""
-        return cand.as_list(), cand.source_index
+    def decode(self, module, sample) -> Tuple[Candidates, Dict]:
+        """(the candidates, the batch as the decoder saw it)."""
+        return self.scorer.decode(module, sample, self.decode_cfg)
+
+    def candidate_set(self, module, cand, batch) -> Tuple[List[Tensor], Tensor, Tensor]:
+        """(hypotheses, index of the input each answers, the hypotheses as one padded
+        tensor), grouped by input."""
+        return cand.as_list(), cand.source_index, cand.tokens
 
     def estimator(self, module, sample, hyps: List[Tensor], log_p: Tensor, costs: Tensor) -> Tuple[Tensor, Dict[str, float]]:
         """(per-input loss (B,), extra logged sums) from log p and costs, both (B, S)."""
@@ -46,20 +51,26 @@ class CandidateRiskCriterion(FairseqCriterion):
 
     def _forward(self, module, sample):
         self.scorer.ensure_lm_scorer(module)
-        cand, batch = self.scorer.decode(module, sample, self.decode_cfg)
-        hyps, index = self.candidate_set(module, cand, batch)
+        cand, batch = self.decode(module, sample)
+        hyps, index, tokens = self.candidate_set(module, cand, batch)
         with torch.no_grad():
             costs, _ = self.scorer.score(hyps, index, batch)
         prefix = batch.get("prefix")
-        bsz = sample["nsentences"]
-        log_p = sequence_log_probs(module, batch, hyps, index, prefix_tokens=prefix).view(bsz, -1)
+        bsz, n = sample["nsentences"], len(hyps)
+        if self.mle_weight > 0:  # the references, scored in the same forward
+            target, pad = batch["target"], self.padding_idx
+            width = max(tokens.size(1), target.size(1))
+            tokens = torch.cat([pad_columns(tokens, width, pad), pad_columns(target, width, pad)])
+            index = torch.cat([index.to(target.device), torch.arange(bsz, device=target.device)])
+        scores = sequence_log_probs(module, batch, tokens, index, prefix_tokens=prefix)
+        log_p = scores[:n].view(bsz, -1)
         costs = costs.view(bsz, -1)
         per_input, extra = self.estimator(module, sample, hyps, log_p, costs)
         loss = per_input.sum()
         nll = None
         if self.mle_weight > 0:
             ref_len = batch["target"].ne(self.padding_idx).sum(dim=1).clamp(min=1)
-            nll = reference_nll(module, batch, prefix) / ref_len
+            nll = -scores[n:] / ref_len
             loss = loss + self.mle_weight * nll.sum()
         logging_output = {
             "loss": float(loss.detach()),

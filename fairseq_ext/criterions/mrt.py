@@ -17,7 +17,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq_ext.core.constraints import above, at_least
 from fairseq_ext.core.risk import distinct_mask, mrt_distribution, mrt_risk, normalize_costs, scale_gradient
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
-from fairseq_ext.decoding.candidates import STRATEGIES, DecodeConfig
+from fairseq_ext.decoding.candidates import STRATEGIES, DecodeConfig, pad_columns
 from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
 from fairseq_ext.decoding.scoring import TASK_LOSS_HELP, BatchScorer
@@ -76,13 +76,16 @@ class MRTCriterion(CandidateRiskCriterion):
     def candidate_set(self, module, cand, batch):
         """The candidates of each input, then its reference (a repeat of a candidate
         when one equals it: ``distinct_mask`` leaves it out of the set)."""
-        hyps, index = cand.as_list(), cand.source_index
+        hyps, index, tokens = cand.as_list(), cand.source_index, cand.tokens
         if not self.include_reference:
-            return hyps, index
-        refs = self.scorer.references(batch)
-        s = cand.num_per_input
+            return hyps, index, tokens
+        refs, target = self.scorer.references(batch), batch["target"]
+        s, pad = cand.num_per_input, self.padding_idx
         hyps = [h for i in range(len(refs)) for h in hyps[i * s:(i + 1) * s] + [refs[i]]]
-        return hyps, torch.arange(len(refs)).repeat_interleave(s + 1)
+        width = max(tokens.size(1), target.size(1))
+        tokens = torch.cat([pad_columns(tokens, width, pad).view(len(refs), s, width),
+                            pad_columns(target, width, pad)[:, None]], dim=1).view(-1, width)
+        return hyps, torch.arange(len(refs)).repeat_interleave(s + 1), tokens
 
     def estimator(self, module, sample, hyps, log_p, costs):
         mask = distinct_mask(hyps, log_p.size(1)).to(log_p.device)

@@ -66,7 +66,7 @@ class PGCriterion(CandidateRiskCriterion):
         super().__init__(task, "pg", scorer, decode_cfg, pg_mle_weight)
         self.baseline_kind = str(pg_baseline)
         self.moving = MovingAverageBaseline(pg_baseline_decay)
-        self.greedy_cfg = DecodeConfig(max_len_ref_ratio=pg_max_len_ratio)
+        self._greedy = []  # the greedy candidates of the batch being decoded
 
     def checkpoint_state(self) -> Dict[str, float]:
         """Running state a resumed run continues (saved by ``compat.patch_criterion_state``)."""
@@ -75,13 +75,22 @@ class PGCriterion(CandidateRiskCriterion):
     def load_checkpoint_state(self, state: Dict[str, float]) -> None:
         self.moving.load_state_dict(state)
 
+    def decode(self, module, sample):
+        """The samples; with the greedy baseline, its greedy candidates in the same decode (kept
+        for ``_baseline``)."""
+        if self.baseline_kind != "greedy":
+            return super().decode(module, sample)
+        cand, greedy, batch = self.scorer.decode_with_greedy(module, sample, self.decode_cfg)
+        self._greedy = [(greedy, batch)]
+        return cand, batch
+
     def _baseline(self, module, sample, costs) -> torch.Tensor:
         """(B, S) baseline; b_k never uses sample k."""
         bsz = sample["nsentences"]
         if self.baseline_kind == "loo":
             return leave_one_out_baseline(costs)
         if self.baseline_kind == "greedy":
-            cand, batch = self.scorer.decode(module, sample, self.greedy_cfg)
+            cand, batch = self._greedy.pop()
             with torch.no_grad():
                 greedy, _ = self.scorer.score(cand.as_list(), cand.source_index, batch)
             return greedy.view(bsz, 1).expand_as(costs)

@@ -18,7 +18,7 @@ is off while decoding; the model's train/eval mode is restored afterwards.
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -156,6 +156,38 @@ def decode_candidates(
         model.train(was_training)
 
 
+@torch.no_grad()
+def decode_with_greedy(
+    model,
+    sample: Dict,
+    cfg: DecodeConfig,
+    prefix_tokens: Optional[Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+) -> Tuple[Candidates, Candidates]:
+    """(the ``cfg`` candidates, one greedy candidate per input), as ``decode_candidates``
+    twice (``cfg`` and greedy with its length limits), in one decode where the static-cache
+    step runs: the greedy rows follow the sampled ones, which draw the random numbers they
+    draw alone."""
+    greedy_cfg = DecodeConfig(min_len=cfg.min_len, max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b,
+                              max_len_ref_ratio=cfg.max_len_ref_ratio, lean=cfg.lean)
+    if cfg.strategy != "sample" or not (cfg.lean and _lean_supported(model)):
+        return (decode_candidates(model, sample, cfg, prefix_tokens, generator),
+                decode_candidates(model, sample, greedy_cfg, prefix_tokens))
+    was_training = model.training
+    model.eval()
+    try:
+        both = _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_rows=True)
+    finally:
+        model.train(was_training)
+    rows = both.tokens.size(0) - sample["net_input"]["src_tokens"].size(0)
+
+    def part(sl: slice, n: int) -> Candidates:
+        lengths = both.lengths[sl]
+        width = max(int(lengths.max().item()), 1) if lengths.numel() else 1
+        return Candidates(both.tokens[sl, :width], lengths, both.scores[sl], both.finished[sl], n)
+    return part(slice(0, rows), cfg.num_candidates), part(slice(rows, None), 1)
+
+
 def _lean_supported(model) -> bool:
     reason = unsupported_reason(model.decoder)
     if reason is not None and type(model.decoder) not in _FALLBACK_LOGGED:
@@ -165,14 +197,17 @@ def _lean_supported(model) -> bool:
     return reason is None
 
 
-def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator) -> Candidates:
+def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_rows=False) -> Candidates:
     """As ``_greedy_or_sample``, with ``TransformerStep``: a row that finished is fed EOS
     and its outputs are ignored; once at most half of the rows still run, the finished
-    ones leave every cache at once (``TransformerStep.keep``), their results kept."""
-    pad, eos, n, device, expand, encoder_out, prefix, n_forced, max_len = _plan(model, sample, cfg, prefix_tokens)
+    ones leave every cache at once (``TransformerStep.keep``), their results kept.
+    ``greedy_rows``: one greedy row per input after the B x n rows (``decode_with_greedy``)."""
+    pad, eos, n, device, expand, encoder_out, prefix, n_forced, max_len = _plan(model, sample, cfg, prefix_tokens,
+                                                                              greedy_rows)
     total_steps, rows = n_forced + max_len, expand.numel()
     step_fn = TransformerStep(model, encoder_out, expand, total_steps)
     sampling = cfg.strategy == "sample"
+    n_sampled = rows - (expand.numel() // (n + 1) if greedy_rows else 0)  # the sampled rows come first
 
     # the running rows' state (row r of it is original row orig[r]); results of rows that
     # left are written to the final tensors when they leave
@@ -195,11 +230,11 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator) -> Cand
         gen = ~done if free is None else ~done & free
         if sampling:  # draws for the live free rows only, in row order: the random numbers of fairseq's path
             options = dict(sample=True, temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp, generator=generator)
-            if free is None and not any_done:
+            if free is None and not any_done and n_sampled == rows:
                 chosen = choose_tokens(lprobs, **options)
-            else:
-                idx = gen.nonzero().squeeze(1)
-                chosen = torch.full((tokens.numel(),), eos, dtype=torch.long, device=device)
+            else:  # (a greedy row takes its argmax)
+                idx = (gen & orig.lt(n_sampled)).nonzero().squeeze(1)
+                chosen = lprobs.argmax(-1) if n_sampled < rows else torch.full_like(tokens, eos)
                 chosen[idx] = choose_tokens(lprobs[idx], **options)
         else:
             chosen = lprobs.argmax(-1)
@@ -234,11 +269,11 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator) -> Cand
     return Candidates(final["tokens"][:, :width], out_len, final["scores"], final["finished"], n)
 
 
-def _plan(model, sample, cfg, prefix_tokens):
+def _plan(model, sample, cfg, prefix_tokens, greedy_rows=False):
     """What both greedy / sampling paths start from: (pad, eos, n, device, expand, the
     encoder's output for the B inputs (None for a decoder-only model), the forced
     prefix of each of the B x n rows, its length, the maximum generated length);
-    ``expand`` (B x n,) is each row's input."""
+    ``expand`` (B x n,) is each row's input (then each input once more: ``greedy_rows``)."""
     dictionary = model.decoder.dictionary
     net_input = sample["net_input"]
     device, n = net_input["src_tokens"].device, cfg.num_candidates
@@ -247,7 +282,8 @@ def _plan(model, sample, cfg, prefix_tokens):
         encoder_out = model.encoder.forward_torchscript(net_input)
     elif prefix_tokens is None:
         raise ValueError("a decoder-only model needs prefix_tokens (the prompt) to continue")
-    expand = torch.arange(net_input["src_tokens"].size(0), device=device).repeat_interleave(n)
+    inputs = torch.arange(net_input["src_tokens"].size(0), device=device)
+    expand = torch.cat([inputs.repeat_interleave(n), inputs]) if greedy_rows else inputs.repeat_interleave(n)
     prefix = prefix_tokens.index_select(0, expand) if prefix_tokens is not None else None
     n_forced = prefix.size(1) if prefix is not None else 0
     return (dictionary.pad(), dictionary.eos(), n, device, expand, encoder_out, prefix, n_forced,
@@ -358,43 +394,75 @@ def _beam(model, sample, cfg, prefix_tokens) -> Candidates:
     return Candidates(tokens, lengths, torch.stack(scores), finished, cfg.num_candidates)
 
 
+def _left_aligned(tokens: Tensor, pad: int) -> Tensor:
+    """(N, W) tokens with every row's non-pad tokens moved to its start, in order, pads after
+    (a right-padded batch comes back unchanged; a left-padded one is right-padded)."""
+    order = torch.sort(tokens.eq(pad).to(torch.uint8), dim=1, stable=True)[1]
+    return tokens.gather(1, order)
+
+
+def pad_columns(tokens: Tensor, width: int, pad: int) -> Tensor:
+    """(N, W) tokens widened to (N, width >= W) with ``pad`` columns on the right."""
+    return torch.nn.functional.pad(tokens, (0, width - tokens.size(1)), value=pad)
+
+
+def _padded(hyps, pad: int, device) -> Tensor:
+    """Hypotheses as one right-padded (N, W >= 1) LongTensor: a list of 1-D tensors, or
+    already a tensor (any padding)."""
+    if isinstance(hyps, Tensor):
+        tokens = _left_aligned(hyps.to(device), pad)
+        return tokens if tokens.size(1) > 0 else tokens.new_full((tokens.size(0), 1), pad)
+    width = max((len(h) for h in hyps), default=0)
+    tokens = torch.full((len(hyps), max(width, 1)), pad, dtype=torch.long, device=device)
+    for i, h in enumerate(hyps):
+        tokens[i, : len(h)] = h
+    return tokens
+
+
 def sequence_log_probs(
-    model, sample: Dict, hyps: List[Tensor], source_index: Tensor, prefix_tokens: Optional[Tensor] = None
+    model, sample: Dict, hyps, source_index: Tensor, prefix_tokens: Optional[Tensor] = None
 ) -> Tensor:
     """Teacher-forced log p(y | x) = sum_t log p(y_t | y_<t, x) of every hypothesis,
     differentiable (call under no_grad for a frozen scorer).
 
     model: encoder-decoder (the source is ``sample['net_input']``, encoded once and
         expanded to the hypotheses with ``source_index``) or decoder-only (the
-        hypotheses continue ``prefix_tokens[source_index]``, right-padded).
-    hyps: N 1-D LongTensors (EOS included where produced). Returns (N,).
+        hypotheses continue ``prefix_tokens[source_index]``, padded with ``<pad>``).
+    hyps: N 1-D LongTensors (EOS included where produced), or one (N, W) LongTensor of
+        them padded with ``<pad>`` (``Candidates.tokens``, a batch's ``target``): one
+        forward for all rows, built without a loop over them. Returns (N,).
     """
     dictionary = model.decoder.dictionary
     pad, eos = dictionary.pad(), dictionary.eos()
     device = sample["net_input"]["src_tokens"].device
-    n = len(hyps)
-    width = max((len(h) for h in hyps), default=0)
+    hyp = _padded(hyps, pad, device)  # (N, H)
+    n = hyp.size(0)
+    hyp_len = hyp.ne(pad).sum(dim=1)
     if _is_encoder_decoder(model):
-        target = torch.full((n, max(width, 1)), pad, dtype=torch.long, device=device)
-        prev = target.clone()
-        prev[:, 0] = eos
-        for i, h in enumerate(hyps):
-            target[i, : len(h)] = h
-            prev[i, 1 : len(h)] = h[:-1]
+        target = hyp
+        prev = torch.cat([hyp.new_full((n, 1), eos), hyp[:, :-1].masked_fill(hyp[:, 1:].eq(pad), pad)], dim=1)
         encoder_out = model.encoder.forward_torchscript(sample["net_input"])
         encoder_out = model.encoder.reorder_encoder_out(encoder_out, source_index.to(device))
         net_output = model.decoder(prev, encoder_out=encoder_out)
     else:
         if prefix_tokens is None:
             raise ValueError("a decoder-only model needs the prefixes the hypotheses continue")
-        prefixes = [p[p.ne(pad)] for p in prefix_tokens.index_select(0, source_index.to(prefix_tokens.device))]
-        total = max(len(p) + len(h) for p, h in zip(prefixes, hyps)) if n else 1
-        prev = torch.full((n, total), pad, dtype=torch.long, device=device)
-        target = prev.clone()
-        for i, (p, h) in enumerate(zip(prefixes, hyps)):
-            seq = torch.cat([p.new([eos]), p, h[:-1]]) if len(h) else torch.cat([p.new([eos]), p])
-            prev[i, : len(seq)] = seq
-            target[i, len(p) : len(p) + len(h)] = h  # only the hypothesis positions are scored
+        prefix = _left_aligned(prefix_tokens.index_select(0, source_index.to(prefix_tokens.device)).to(device), pad)
+        if prefix.size(1) == 0:
+            prefix = prefix.new_full((n, 1), pad)
+        prefix_len = prefix.ne(pad).sum(dim=1, keepdim=True)
+        hyp_len = hyp_len[:, None]
+        # column c of the decoder input: <s> (the EOS symbol, as fairseq), then the prefix, then
+        # the hypothesis but its last token; column c predicts hypothesis token c - |prefix|
+        total = int((prefix_len + hyp_len.clamp(min=1)).max()) if n else 1
+        col = torch.arange(total, device=device)[None]
+        from_prefix = prefix.gather(1, (col - 1).clamp(0, prefix.size(1) - 1).expand(n, -1))
+        hyp_at = (col - prefix_len).clamp(0, hyp.size(1) - 1)
+        in_hyp = (col >= prefix_len) & (col < prefix_len + hyp_len)
+        target = hyp.gather(1, hyp_at).masked_fill(~in_hyp, pad)
+        prev = torch.where(col <= prefix_len, from_prefix, hyp.gather(1, (hyp_at - 1).clamp(min=0)))
+        prev = prev.masked_fill((col >= prefix_len + hyp_len) & (col > prefix_len), pad)
+        prev[:, 0] = eos
         net_output = model.decoder(prev)
     lprobs = model.get_normalized_probs(net_output, log_probs=True)
     mask = target.ne(pad)

@@ -17,7 +17,7 @@ from torch import Tensor
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC, parse_task_loss_spec, task_loss_class, task_loss_names
 from fairseq_ext.runtime.distributed import unwrap
-from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates, sequence_log_probs
+from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates, decode_with_greedy
 from fairseq_ext.decoding.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process
 from fairseq_ext.tasks.text_completion import TextCompletionTask, prefix_sample
 
@@ -122,6 +122,12 @@ class BatchScorer:
         batch, prefix = self.decode_inputs(sample, self.dictionary)
         return decode_candidates(unwrap(model), batch, cfg, prefix_tokens=prefix, generator=generator), batch
 
+    def decode_with_greedy(self, model, sample: Dict, cfg: DecodeConfig) -> Tuple[Candidates, Candidates, Dict]:
+        """As ``decode``, and one greedy candidate per input (``candidates.decode_with_greedy``)."""
+        batch, prefix = self.decode_inputs(sample, self.dictionary)
+        cand, greedy = decode_with_greedy(unwrap(model), batch, cfg, prefix_tokens=prefix)
+        return cand, greedy, batch
+
     def _prepared(self, batch: Dict) -> Dict[str, Tuple[Optional[list], Optional[list], Optional[list]]]:
         """Per cost: the batch's references and sources converted for it, and its ``prepare``
         of them; cached while the batch stays the same (MGS scores one batch K + 1 times)."""
@@ -161,15 +167,6 @@ class BatchScorer:
             total += w * c
         self.seconds += time.perf_counter() - start
         return total, per_name
-
-
-def reference_nll(model, batch: Dict, prefix_tokens: Optional[Tensor] = None) -> Tensor:
-    """(B,) sequence NLL -log p(y* | x) of the references, differentiable (for the
-    MLE terms of MRT and PG); ``batch`` as returned by ``BatchScorer.decode``."""
-    pad = model.decoder.dictionary.pad()
-    refs = [utils.strip_pad(t, pad) for t in batch["target"]]
-    index = torch.arange(len(refs), device=batch["target"].device)
-    return -sequence_log_probs(model, batch, refs, index, prefix_tokens=prefix_tokens)
 
 
 def log_cost_seconds(logging_outputs) -> None:
