@@ -15,12 +15,15 @@ incremental path (kept as the reference and as the fallback):
 """
 import logging
 
+import copy
+
 import pytest
 import torch
 
 import fairseq.utils
 from fairseq_ext.decoding import candidates as cand_mod
-from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates, decode_with_greedy, sequence_log_probs
+from fairseq_ext.decoding.candidates import (DecodeConfig, ParameterSets, _encode_sets, decode_candidates, decode_grouped,
+                                             decode_with_greedy, grouped_reason, sequence_log_probs)
 from fairseq_ext.decoding.lean_step import TransformerStep, unsupported_reason
 from fairseq_ext.decoding.scoring import BatchScorer
 from fairseq_ext.synthetic import tiny_models
@@ -268,3 +271,88 @@ def test_adaptive_input_or_softmax_take_fairseqs_path(toy_lm_bin, options, reaso
     _, model, _ = tiny_models.build_task_and_model(toy_lm_bin, "text_completion", "transformer_lm",
                                                    ["--completion-context-size", "3"] + options)
     assert unsupported_reason(model.decoder) == reason
+
+
+def _parameter_sets(model, count, scale=0.05, seed=0):
+    """``count`` sets of values for ``model``'s parameters: its own, then perturbed ones;
+    with the models that hold each set (copies of ``model``)."""
+    import copy
+
+    g = torch.Generator().manual_seed(seed)
+    stacks = {p: torch.stack([p.detach()] + [p.detach() + scale * torch.randn(p.shape, generator=g).to(p.dtype)
+                                             for _ in range(count - 1)]) for p in model.parameters()}
+    models = []
+    for k in range(count):
+        m = copy.deepcopy(model)
+        with torch.no_grad():
+            for q, p in zip(m.parameters(), model.parameters()):
+                q.copy_(stacks[p][k])
+        models.append(m.eval())
+    return ParameterSets(count, lambda p: stacks[p]), models
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("which", ["transformer", "transformer_lm"])
+def test_grouped_step_equals_each_sets_full_forward(translation, language_model, softmax_in_dtype, which, dtype, tol):
+    """Three parameter sets stepped together (grouped weights, each block of rows with its
+    set's encoder output): block g's outputs are the full teacher-forced forward of the
+    model holding set g (a copy of the model with those values loaded)."""
+    task, model = translation if which == "transformer" else language_model
+    model = copy.deepcopy(model).to(dtype)
+    sets, models = _parameter_sets(model, 3)
+    sample = _batch(task)
+    d = task.target_dictionary
+    if which == "transformer":
+        prev = _with_specials(sample["net_input"]["prev_output_tokens"], d)
+    else:
+        prefix = sample["prefix"]
+        prev = _with_specials(torch.cat([torch.full((prefix.size(0), 1), d.eos()), prefix,
+                                         sample["target"][:, :-1]], 1), d)
+    b = prev.size(0)
+    with torch.no_grad():
+        enc = _encode_sets(model.encoder, sample["net_input"], sets) if which == "transformer" else None
+        expand = torch.arange(3 * b) if enc is not None else torch.arange(b).repeat(3)
+        step = TransformerStep(model, enc, expand, prev.size(1), sets.stack, 3)
+        lean = torch.stack([step.logits(prev.repeat(3, 1)[:, t]) for t in range(prev.size(1))], 1)
+        real = prev.ne(d.pad())
+        for k, m in enumerate(models):
+            full = m.decoder(prev, encoder_out=m.encoder.forward_torchscript(sample["net_input"]))[0] \
+                if which == "transformer" else m.decoder(prev)[0]
+            assert (lean[k * b:(k + 1) * b] - full)[real].abs().max().item() < tol
+        assert (lean[:b] - lean[b:2 * b]).abs().max().item() > 1e-3  # the sets differ
+
+
+@pytest.mark.parametrize("which", ["transformer", "transformer_lm"])
+def test_grouped_decode_equals_each_sets_decode_on_fairseqs_path(translation, language_model, which, monkeypatch):
+    """``decode_grouped`` of four parameter sets: set g's candidates are those of
+    ``decode_candidates`` on fairseq's path for the model holding set g (tokens, lengths,
+    finished flags; scores to float error), also where rows finish at different steps and
+    leave the caches (EOS biases 2-4), a row leaving only once it finished in every set."""
+    task, biased = translation if which == "transformer" else language_model
+    kept = []
+    keep = TransformerStep.keep
+    monkeypatch.setattr(TransformerStep, "keep", lambda self, index: (kept.append(index.numel()), keep(self, index)))
+    sample = _batch(task, 12)
+    batch, prefix = BatchScorer(task, "edit").decode_inputs(sample, task.target_dictionary)
+    for eos_bias in (0.0, 2.0, 3.0, 4.0):
+        model = _eos_biased(biased, task, eos_bias)
+        sets, models = _parameter_sets(model, 4)
+        got = decode_grouped(model, batch, DecodeConfig(max_len_b=12), sets, prefix_tokens=prefix)
+        assert len(got) == 4
+        for cand, m in zip(got, models):
+            want = decode_candidates(m, batch, DecodeConfig(lean=False, max_len_b=12), prefix_tokens=prefix)
+            assert torch.equal(cand.tokens, want.tokens) and torch.equal(cand.lengths, want.lengths)
+            assert torch.equal(cand.finished, want.finished)
+            assert (cand.scores - want.scores).abs().max().item() < 1e-4
+        assert any(not torch.equal(got[0].tokens, c.tokens) for c in got[1:])  # the sets decode differently
+    assert kept and all(n % 4 == 0 for n in kept)
+
+
+def test_grouped_decoding_refuses_what_it_does_not_cover(untrained_models, translation):
+    task, model = translation
+    sets, _ = _parameter_sets(model, 2)
+    batch = _batch(task)
+    with pytest.raises(ValueError, match="sample decoding"):
+        decode_grouped(model, batch, DecodeConfig(strategy="sample", num_candidates=2), sets)
+    lstm = untrained_models["lstm"][1]
+    assert "LSTMDecoder" in grouped_reason(lstm, DecodeConfig())

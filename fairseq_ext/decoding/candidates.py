@@ -18,7 +18,7 @@ is off while decoding; the model's train/eval mode is restored afterwards.
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -99,6 +99,12 @@ class Candidates:
         """One 1-D LongTensor per row, without padding."""
         return [row[:n] for row, n in zip(self.tokens, self.lengths.tolist())]
 
+    def part(self, rows: slice, num_per_input: int) -> "Candidates":
+        """The candidates of some rows, as their own ``Candidates`` (padding trimmed)."""
+        lengths = self.lengths[rows]
+        width = max(int(lengths.max().item()), 1) if lengths.numel() else 1
+        return Candidates(self.tokens[rows, :width], lengths, self.scores[rows], self.finished[rows], num_per_input)
+
 
 def _is_encoder_decoder(model) -> bool:
     return getattr(model, "encoder", None) is not None
@@ -156,6 +162,45 @@ def decode_candidates(
         model.train(was_training)
 
 
+@dataclass
+class ParameterSets:
+    """G sets of values for one model's parameters, decoded together (MGS: theta and its K
+    perturbations): ``stack(p)`` is the (G, *p.shape) stack of parameter p's values."""
+
+    count: int
+    stack: Callable[[Tensor], Tensor]
+
+
+def grouped_reason(model, cfg: DecodeConfig) -> Optional[str]:
+    """Why ``decode_grouped`` cannot decode ``model`` with ``cfg``, or None when it can."""
+    if cfg.strategy != "greedy":
+        return f"{cfg.strategy} decoding (parameter sets are decoded together greedily only)"
+    if not cfg.lean:
+        return "DecodeConfig.lean is off"
+    return unsupported_reason(model.decoder)
+
+
+@torch.no_grad()
+def decode_grouped(model, sample: Dict, cfg: DecodeConfig, sets: ParameterSets,
+                   prefix_tokens: Optional[Tensor] = None) -> List[Candidates]:
+    """``decode_candidates`` once per parameter set of ``sets``, in one decode: the G sets'
+    encoders run one after another, their decoders step together (``TransformerStep`` with
+    grouped weights). Greedy decoding of the models the static-cache step covers
+    (``grouped_reason``). Returns G ``Candidates``, set g's as ``decode_candidates`` of the
+    model holding set g's values."""
+    reason = grouped_reason(model, cfg)
+    if reason is not None:
+        raise ValueError(f"decode_grouped: {reason}")
+    was_training = model.training
+    model.eval()
+    try:
+        both = _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, None, sets=sets)
+    finally:
+        model.train(was_training)
+    rows = both.tokens.size(0) // sets.count
+    return [both.part(slice(g * rows, (g + 1) * rows), cfg.num_candidates) for g in range(sets.count)]
+
+
 @torch.no_grad()
 def decode_with_greedy(
     model,
@@ -180,12 +225,7 @@ def decode_with_greedy(
     finally:
         model.train(was_training)
     rows = both.tokens.size(0) - sample["net_input"]["src_tokens"].size(0)
-
-    def part(sl: slice, n: int) -> Candidates:
-        lengths = both.lengths[sl]
-        width = max(int(lengths.max().item()), 1) if lengths.numel() else 1
-        return Candidates(both.tokens[sl, :width], lengths, both.scores[sl], both.finished[sl], n)
-    return part(slice(0, rows), cfg.num_candidates), part(slice(rows, None), 1)
+    return both.part(slice(0, rows), cfg.num_candidates), both.part(slice(rows, None), 1)
 
 
 def _lean_supported(model) -> bool:
@@ -197,15 +237,19 @@ def _lean_supported(model) -> bool:
     return reason is None
 
 
-def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_rows=False) -> Candidates:
+def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_rows=False,
+                           sets: Optional[ParameterSets] = None) -> Candidates:
     """As ``_greedy_or_sample``, with ``TransformerStep``: a row that finished is fed EOS
     and its outputs are ignored; once at most half of the rows still run, the finished
     ones leave every cache at once (``TransformerStep.keep``), their results kept.
-    ``greedy_rows``: one greedy row per input after the B x n rows (``decode_with_greedy``)."""
+    ``greedy_rows``: one greedy row per input after the B x n rows (``decode_with_greedy``).
+    ``sets``: G blocks of rows, one per parameter set (``decode_grouped``); a row leaves
+    when its counterparts in every block finished."""
     pad, eos, n, device, expand, encoder_out, prefix, n_forced, max_len = _plan(model, sample, cfg, prefix_tokens,
-                                                                              greedy_rows)
+                                                                              greedy_rows, sets)
     total_steps, rows = n_forced + max_len, expand.numel()
-    step_fn = TransformerStep(model, encoder_out, expand, total_steps)
+    groups = sets.count if sets is not None else 1
+    step_fn = TransformerStep(model, encoder_out, expand, total_steps, *((sets.stack, groups) if sets else ()))
     sampling = cfg.strategy == "sample"
     n_sampled = rows - (expand.numel() // (n + 1) if greedy_rows else 0)  # the sampled rows come first
 
@@ -250,10 +294,12 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_
         any_done = bool(done.any())
         if not any_done:
             continue
-        live = (~done).nonzero().squeeze(1)
+        live = (~done).view(groups, -1).any(0).nonzero().squeeze(1)  # rows of a block (each block, G = 1)
         if live.numel() == 0:
             break
-        if 2 * live.numel() <= done.numel() and step + 1 < total_steps:  # compact: the finished rows leave
+        if 2 * live.numel() * groups <= done.numel() and step + 1 < total_steps:  # compact: the finished rows leave
+            if groups > 1:
+                live = (live[None] + torch.arange(groups, device=device)[:, None] * (done.numel() // groups)).view(-1)
             left = done.nonzero().squeeze(1)
             for k, v in state.items():
                 final[k].index_copy_(0, orig[left], v[left])
@@ -261,7 +307,7 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_
             orig, done, tokens = orig[live], done[live], tokens[live]
             prefix = prefix[live] if prefix is not None else None
             step_fn.keep(live)
-            any_done = False
+            any_done = groups > 1 and bool(done.any())  # a block's row stays while its counterparts run
     for k, v in state.items():
         final[k].index_copy_(0, orig, v)
     out_len = final["lengths"]
@@ -269,25 +315,45 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_
     return Candidates(final["tokens"][:, :width], out_len, final["scores"], final["finished"], n)
 
 
-def _plan(model, sample, cfg, prefix_tokens, greedy_rows=False):
+def _plan(model, sample, cfg, prefix_tokens, greedy_rows=False, sets: Optional[ParameterSets] = None):
     """What both greedy / sampling paths start from: (pad, eos, n, device, expand, the
     encoder's output for the B inputs (None for a decoder-only model), the forced
     prefix of each of the B x n rows, its length, the maximum generated length);
-    ``expand`` (B x n,) is each row's input (then each input once more: ``greedy_rows``)."""
+    ``expand`` (B x n,) is each row's input (then each input once more: ``greedy_rows``).
+    ``sets``: G blocks of those rows, block g with the encoder output of set g (the G
+    encoder outputs one after another, ``expand`` indexing them)."""
     dictionary = model.decoder.dictionary
     net_input = sample["net_input"]
     device, n = net_input["src_tokens"].device, cfg.num_candidates
     encoder_out = None
-    if _is_encoder_decoder(model):
+    if _is_encoder_decoder(model) and sets is None:
         encoder_out = model.encoder.forward_torchscript(net_input)
+    elif _is_encoder_decoder(model):
+        encoder_out = _encode_sets(model.encoder, net_input, sets)
     elif prefix_tokens is None:
         raise ValueError("a decoder-only model needs prefix_tokens (the prompt) to continue")
     inputs = torch.arange(net_input["src_tokens"].size(0), device=device)
     expand = torch.cat([inputs.repeat_interleave(n), inputs]) if greedy_rows else inputs.repeat_interleave(n)
     prefix = prefix_tokens.index_select(0, expand) if prefix_tokens is not None else None
+    if sets is not None:
+        prefix = prefix.repeat(sets.count, 1) if prefix is not None else None
+        expand = torch.cat([expand + g * inputs.numel() for g in range(sets.count)]) if encoder_out is not None \
+            else expand.repeat(sets.count)
     n_forced = prefix.size(1) if prefix is not None else 0
     return (dictionary.pad(), dictionary.eos(), n, device, expand, encoder_out, prefix, n_forced,
             max_decode_length(model, sample, cfg))
+
+
+def _encode_sets(encoder, net_input: Dict, sets: ParameterSets) -> Dict[str, List[Tensor]]:
+    """The encoder's output for every parameter set, the sets' batches one after another
+    (the keys the static-cache step reads)."""
+    args = {k: v for k, v in net_input.items() if k != "prev_output_tokens"}
+    named = list(encoder.named_parameters())
+    outs = [torch.func.functional_call(encoder, {name: sets.stack(p)[g] for name, p in named}, (), args)
+            for g in range(sets.count)]
+    masks = [o["encoder_padding_mask"][0] for o in outs if len(o["encoder_padding_mask"]) > 0]
+    return {"encoder_out": [torch.cat([o["encoder_out"][0] for o in outs], dim=1)],
+            "encoder_padding_mask": [torch.cat(masks)] if len(masks) == len(outs) else []}
 
 
 def _greedy_or_sample(model, sample, cfg, prefix_tokens, generator) -> Candidates:

@@ -21,7 +21,7 @@ cover (adaptive input or softmax, quantisation noise, cross-self-attention,
 NormFormer's extra scalings, attention biases, forward hooks on its modules);
 callers then use fairseq's path.
 """
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -66,18 +66,25 @@ def unsupported_reason(decoder) -> Optional[str]:
     return None
 
 
-def _t(linear) -> Tuple[Tensor, Optional[Tensor]]:
-    """(W^T contiguous, bias) of an nn.Linear."""
-    return linear.weight.t().contiguous(), linear.bias
-
-
 def _mm(x: Tensor, wt: Tensor, b: Optional[Tensor]) -> Tensor:
-    y = torch.mm(x, wt)
-    return y.add_(b) if b is not None else y
+    """x W^T + b for (rows, C) x. Grouped weights (wt (G, C, C'), b (G, 1, C')): the rows
+    are G equal blocks, block g multiplied by group g's weights."""
+    if wt.dim() == 2:
+        y = torch.mm(x, wt)
+        return y.add_(b) if b is not None else y
+    x3 = x.view(wt.size(0), -1, x.size(-1))
+    y = torch.baddbmm(b, x3, wt) if b is not None else torch.bmm(x3, wt)
+    return y.view(-1, y.size(-1))
 
 
-def _ln(x: Tensor, ln) -> Tensor:
-    return torch.native_layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)[0]
+def _ln(x: Tensor, norm: Tuple) -> Tensor:
+    """Layer norm of (rows, C) x; ``norm`` from ``TransformerStep._norm`` (grouped weights:
+    (G, 1, C), block g of the rows scaled by group g's)."""
+    shape, w, b, eps = norm
+    if w is None or w.dim() == 1:
+        return torch.native_layer_norm(x, shape, w, b, eps)[0]
+    y = torch.native_layer_norm(x, shape, None, None, eps)[0].view(w.size(0), -1, x.size(-1))
+    return torch.addcmul(b, y, w).view(x.shape)
 
 
 class TransformerStep:
@@ -87,12 +94,17 @@ class TransformerStep:
         ``unsupported_reason``), in eval mode.
     encoder_out: fairseq's encoder output for the B inputs (None for a language model).
     expand: (rows,) input index of each row (the B inputs repeated for candidates).
+    weights, groups: G parameter sets decoded together (MGS's theta and its perturbations):
+        ``weights(p)`` is the (G, *p.shape) stack of decoder parameter p; the rows are G
+        equal blocks, block g decoded with set g (its encoder output among ``encoder_out``'s
+        inputs, as ``expand`` says). None: the model's own parameters.
 
     ``step(tokens)`` feeds (rows,) tokens at the next position and returns the next
     tokens' log-probabilities, (rows, V) float32; the first call feeds the BOS.
     """
 
-    def __init__(self, model, encoder_out: Optional[Dict[str, List[Tensor]]], expand: Tensor, max_steps: int):
+    def __init__(self, model, encoder_out: Optional[Dict[str, List[Tensor]]], expand: Tensor, max_steps: int,
+                 weights: Optional[Callable[[Tensor], Tensor]] = None, groups: int = 1):
         decoder = model.decoder
         self.decoder, self.pad = decoder, decoder.padding_idx
         rows = expand.numel()
@@ -101,12 +113,24 @@ class TransformerStep:
         first = layers[0].self_attn
         h, d = self.heads, self.head_dim = first.num_heads, first.head_dim
         self.rows, self.scale = rows, d ** -0.5
+        self.groups, self.P = groups, (weights if groups > 1 else (lambda p: p))
+        if rows % groups:
+            raise ValueError(f"{rows} rows are not {groups} equal blocks")
         dtype = decoder.embed_tokens.weight.dtype
         self.t = 0
-        # positions: row i of the table is position pad + i (row 0, for <pad> tokens, is zero)
+        # positions: row i of a table is position pad + i (row 0, for <pad> tokens, is zero); one
+        # table per parameter set when the positions are learned
         probe = torch.full((1, max_steps), self.pad + 1, dtype=torch.long, device=device)
-        pos = decoder.embed_positions(probe)[0]
-        self.positions = torch.cat([pos.new_zeros(1, pos.size(1)), pos]).to(dtype)
+        learned = dict(decoder.embed_positions.named_parameters())
+        tables = [decoder.embed_positions(probe)[0]] if groups == 1 or not learned else [
+            torch.func.functional_call(decoder.embed_positions, {k: self.P(v)[g] for k, v in learned.items()},
+                                       (probe,))[0] for g in range(groups)]
+        self.positions = torch.cat([torch.cat([t.new_zeros(1, t.size(1)), t]) for t in tables]).to(dtype)
+        # per row, where its set's rows start in the token embeddings and in the position tables
+        self.offsets = None
+        if groups > 1:
+            group = torch.arange(rows, device=device) // (rows // groups)
+            self.offsets = (group * decoder.embed_tokens.num_embeddings, group * (max_steps + 1) * (len(tables) > 1))
         self.count = torch.zeros(rows, dtype=torch.long, device=device)  # non-pad tokens fed so far
         # self-attention: keys and values of every layer and position, written in place; a <pad>
         # key is masked by -inf in the bias (per row, repeated over the heads)
@@ -127,24 +151,46 @@ class TransformerStep:
         self.layers = []
         for layer in layers:
             sa = layer.self_attn
-            qkv_w = torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight]).t().contiguous()
-            biases = [sa.q_proj.bias, sa.k_proj.bias, sa.v_proj.bias]
-            qkv_b = torch.cat(biases) if all(b is not None for b in biases) else None
-            p = {"pre": layer.normalize_before, "sa_ln": layer.self_attn_layer_norm, "qkv": (qkv_w, qkv_b),
-                 "sa_out": _t(sa.out_proj), "ffn_ln": layer.final_layer_norm, "fc1": _t(layer.fc1),
-                 "fc2": _t(layer.fc2), "act": layer.activation_fn, "ea": None}
+            qkv = [self._t(proj) for proj in (sa.q_proj, sa.k_proj, sa.v_proj)]
+            qkv_b = torch.cat([b for _, b in qkv], -1) if all(b is not None for _, b in qkv) else None
+            p = {"pre": layer.normalize_before, "sa_ln": self._norm(layer.self_attn_layer_norm),
+                 "qkv": (torch.cat([w for w, _ in qkv], -1), qkv_b), "sa_out": self._t(sa.out_proj),
+                 "ffn_ln": self._norm(layer.final_layer_norm), "fc1": self._t(layer.fc1), "fc2": self._t(layer.fc2),
+                 "act": layer.activation_fn, "ea": None}
             ea = layer.encoder_attn
             if ea is not None and enc is not None:
-                k = F.linear(enc, ea.k_proj.weight, ea.k_proj.bias).view(rows, s_len, h, d)
-                v = F.linear(enc, ea.v_proj.weight, ea.v_proj.bias).view(rows, s_len, h, d)
-                p["ea"] = {"ln": layer.encoder_attn_layer_norm, "q": _t(ea.q_proj), "out": _t(ea.out_proj),
+                flat = enc.reshape(rows * s_len, -1)
+                k = _mm(flat, *self._t(ea.k_proj)).view(rows, s_len, h, d)
+                v = _mm(flat, *self._t(ea.v_proj)).view(rows, s_len, h, d)
+                p["ea"] = {"ln": self._norm(layer.encoder_attn_layer_norm), "q": self._t(ea.q_proj),
+                           "out": self._t(ea.out_proj),
                            "keys_t": k.permute(0, 2, 3, 1).reshape(rows * h, d, s_len),
                            "values": v.transpose(1, 2).reshape(rows * h, s_len, d)}
             self.layers.append(p)
-        self.project_in = _t(decoder.project_in_dim) if decoder.project_in_dim is not None else None
-        self.project_out = _t(decoder.project_out_dim) if decoder.project_out_dim is not None else None
-        self.output = decoder.output_projection.weight.t().contiguous()
-        self.output_bias = getattr(decoder.output_projection, "bias", None)
+        self.project_in = self._t(decoder.project_in_dim) if decoder.project_in_dim is not None else None
+        self.project_out = self._t(decoder.project_out_dim) if decoder.project_out_dim is not None else None
+        self.output = self._t(decoder.output_projection)
+        self.embed = self.P(decoder.embed_tokens.weight).reshape(-1, decoder.embed_tokens.embedding_dim)
+        self.layernorm_embedding = self._norm(decoder.layernorm_embedding)
+        self.layer_norm = self._norm(decoder.layer_norm)
+
+    def _t(self, linear) -> Tuple[Tensor, Optional[Tensor]]:
+        """(W^T, bias) of an nn.Linear as ``_mm`` multiplies: W^T contiguous, or, for G
+        parameter sets, (G, C, C') and (G, 1, C')."""
+        w, b = self.P(linear.weight), getattr(linear, "bias", None)
+        b = self.P(b) if b is not None else None
+        if self.groups == 1:
+            return w.t().contiguous(), b
+        return w.transpose(1, 2), (b[:, None] if b is not None else None)
+
+    def _norm(self, ln) -> Optional[Tuple]:
+        """(shape, weight, bias, eps) of a LayerNorm for ``_ln`` (None for no LayerNorm)."""
+        if ln is None:
+            return None
+        w, b = ln.weight, ln.bias
+        if self.groups > 1 and w is not None:
+            w, b = self.P(w)[:, None], self.P(b)[:, None]
+        return ln.normalized_shape, w, b, ln.eps
 
     def _cache_views(self) -> None:
         """Per layer, the (rows * heads, steps, head_dim) views of the keys and values the
@@ -158,8 +204,12 @@ class TransformerStep:
         """Keep only the rows ``index`` (in that order): a compaction of every cache, done
         rarely (each copies the caches), to stop computing rows that finished."""
         n_old, h, n = self.rows, self.heads, index.numel()
+        if n % self.groups:
+            raise ValueError(f"keeping {n} rows breaks the {self.groups} equal blocks of the parameter sets")
         self.rows = n
         self.count, self.zeros = self.count.index_select(0, index), self.zeros.index_select(0, index)
+        if self.offsets is not None:
+            self.offsets = tuple(o.index_select(0, index) for o in self.offsets)
         self.kv = self.kv.index_select(2, index)
         self.self_bias = self.self_bias.index_select(0, index)
         self._cache_views()
@@ -195,14 +245,17 @@ class TransformerStep:
         nonpad = tokens.ne(self.pad)
         self.count += nonpad
         self.self_bias[:, :, 0, self.t] = self.zeros.masked_fill(~nonpad, float("-inf"))[:, None]
-        x = d.embed_tokens.weight.index_select(0, tokens)
+        position = self.count * nonpad
+        if self.offsets is not None:
+            tokens, position = tokens + self.offsets[0], position + self.offsets[1]
+        x = self.embed.index_select(0, tokens)
         if d.embed_scale != 1:
             x = x * d.embed_scale
         if self.project_in is not None:
             x = _mm(x, *self.project_in)
-        x = x + self.positions.index_select(0, self.count * nonpad)
-        if d.layernorm_embedding is not None:
-            x = _ln(x, d.layernorm_embedding)
+        x = x + self.positions.index_select(0, position)
+        if self.layernorm_embedding is not None:
+            x = _ln(x, self.layernorm_embedding)
         for i, p in enumerate(self.layers):
             pre = p["pre"]
             residual = x
@@ -219,9 +272,9 @@ class TransformerStep:
             x = _ln(x, p["ffn_ln"]) if pre else x
             x = residual + _mm(p["act"](_mm(x, *p["fc1"])), *p["fc2"])
             x = x if pre else _ln(x, p["ffn_ln"])
-        if d.layer_norm is not None:
-            x = _ln(x, d.layer_norm)
+        if self.layer_norm is not None:
+            x = _ln(x, self.layer_norm)
         if self.project_out is not None:
             x = _mm(x, *self.project_out)
         self.t += 1
-        return _mm(x, self.output, self.output_bias)
+        return _mm(x, *self.output)
