@@ -26,8 +26,18 @@ Workers that share the seed draw identical directions.
 
 Speed: the fixed cost of an update in parameter space is 2K Gaussian draws of
 the parameter vector (K to perturb, K to regenerate) plus a few passes over it;
-norms are float32 dot products (a float64 copy of every gradient cost as much as
-two draws).
+norms of gradients are float32 dot products (a float64 copy of every gradient cost
+as much as two draws); the squared distances in log q are float64 sums (one
+tensor's float64 copy at a time), log q being a difference of large terms.
+
+All candidates at once (``stacked``, for decoding theta and its K perturbations in one
+batched pass): theta and every theta + Delta_k written into one (K + 1, P) tensor
+(the same numbers as ``perturbed`` gives the parameters), the squared distances of
+every tensor in one segmented sum a candidate (float64), and ``flat_direction``
+regenerating Delta from the same draws as one flat vector. Extra memory: the K + 1
+copies, the flat gradient, one flat draw and per-element sigmas (K + 4 copies of
+the parameters, transient float64 sums aside); the operators an update launches do
+not grow with the number of parameter tensors beyond one draw per tensor and candidate.
 """
 import contextlib
 import math
@@ -85,18 +95,25 @@ class ProposalConfig:
 
 def noise_scales(grads: Sequence[Tensor], noise: float, mode: str) -> List[float]:
     """sigma per tensor: noise * mean|g_w| (per_tensor), noise * mean|g| (global) or noise."""
+    flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) else torch.zeros(0)
+    sizes = [g.numel() for g in grads]
+    return _noise_scales(segment_sums(flat.abs(), sizes).tolist(), sizes, noise, mode)
+
+
+def _noise_scales(l1: Sequence[float], sizes: Sequence[int], noise: float, mode: str) -> List[float]:
+    """``noise_scales`` from each tensor's sum |g| and size."""
     if mode == "absolute":
-        return [float(noise)] * len(grads)
+        return [float(noise)] * len(sizes)
     if mode == "global":
-        total = sum(_l1(g) for g in grads)
-        count = sum(g.numel() for g in grads)
-        return [noise * total / max(count, 1)] * len(grads)
-    return [noise * _l1(g) / g.numel() if g.numel() else 0.0 for g in grads]
+        return [noise * sum(l1) / max(sum(sizes), 1)] * len(sizes)
+    return [noise * a / n if n else 0.0 for a, n in zip(l1, sizes)]
 
 
-def _l1(t: Tensor) -> float:
-    """sum |t| as a Python float, without a temporary |t|."""
-    return float(torch.linalg.vector_norm(t, 1))
+def segment_sums(flat: Tensor, sizes: Sequence[int]) -> Tensor:
+    """(n,) float64 sums of a flat vector over consecutive segments of the given sizes, in
+    one operator (float64 accumulation: sums of millions of terms stay exact to about 1e-12)."""
+    lengths = torch.tensor(list(sizes), device=flat.device)
+    return torch.segment_reduce(flat.double(), "sum", lengths=lengths)
 
 
 def sq_norm(t: Tensor) -> float:
@@ -134,6 +151,13 @@ def gaussian_log_density(sq_dist: float, numel: int, sigma: float) -> float:
     return -0.5 * sq_dist / sigma**2 - numel * (math.log(sigma) + 0.5 * _LOG_2PI)
 
 
+def _log_gaussians(sq_dist: Tensor, numel: Tensor, sigma: Tensor) -> Tensor:
+    """``gaussian_log_density`` elementwise over tensors (float64; sigma <= 0 gives 0)."""
+    safe = torch.where(sigma > 0, sigma, torch.ones_like(sigma))
+    out = -0.5 * sq_dist / safe**2 - numel * (torch.log(safe) + 0.5 * _LOG_2PI)
+    return torch.where(sigma > 0, out, torch.zeros_like(out))
+
+
 def mixture_log_q(log_n_zero: float, log_n_mle: float, pi: float) -> float:
     """log(pi N_zero + (1 - pi) N_mle) with empty components dropped, by logsumexp."""
     terms = []
@@ -154,14 +178,28 @@ class ParameterSearch:
 
     def __init__(self, params: Sequence[Tensor], grads: Sequence[Tensor], cfg: ProposalConfig, seed: int):
         self.params = list(params)
-        self.grads = [g.detach() for g in grads]
+        self.sizes = [p.numel() for p in self.params]
+        if isinstance(grads, Tensor):  # already one flat vector
+            self.flat_grad = grads.detach().reshape(-1)
+        else:
+            self.flat_grad = torch.cat([g.detach().reshape(-1) for g in grads])
+        self.grads = [v.view(p.shape) for v, p in zip(self.flat_grad.split(self.sizes), self.params)]
         self.cfg = cfg
         self.seed = seed
-        self.sigmas = noise_scales(self.grads, cfg.noise, cfg.noise_scale)
+        self.sigmas = _noise_scales(segment_sums(self.flat_grad.abs(), self.sizes).tolist(), self.sizes, cfg.noise,
+                                    cfg.noise_scale)
         self.is_mle = [self._component(k) for k in range(cfg.num_candidates)]
         self._backup: Optional[List[Tensor]] = None
         self._scratch: Optional[Tensor] = None
-        self._gg = [sq_norm(g) for g in self.grads]
+        self._gg_per_tensor: Optional[Tensor] = None
+        self._flat_state = None
+
+    def _gg(self) -> Tensor:
+        """(n,) float64 ||g_i||^2 of every tensor."""
+        if self._gg_per_tensor is None:
+            g = self.flat_grad.float()
+            self._gg_per_tensor = segment_sums(g * g, self.sizes)
+        return self._gg_per_tensor
 
     def _component(self, k: int) -> bool:
         """True if candidate k is drawn from the MLE component."""
@@ -215,16 +253,19 @@ class ParameterSearch:
         if self._backup is None:
             self._backup = [p.detach().clone() for p in self.params]
         mle = self.is_mle[k]
+        gg = self._gg().tolist()
         logn_zero, logn_mle, sq_total = 0.0, 0.0, 0.0
         try:
             with torch.no_grad():
                 for i, p in enumerate(self.params):
                     eps = self._noise(k, i, reuse=True)
                     s, g = self.sigmas[i], self.grads[i]
-                    ee = sq_norm(eps)
-                    eg = float(torch.dot(eps.view(-1), g.reshape(-1).to(eps.dtype)))
+                    e64 = eps.reshape(-1).double()  # float64 sums: log q is a difference of large terms
+                    ee = float(torch.dot(e64, e64))
+                    eg = float(torch.dot(e64, g.reshape(-1).double()))
+                    del e64
                     own = s * s * ee
-                    other = own + (-2.0 if mle else 2.0) * s * eg + self._gg[i]
+                    other = own + (-2.0 if mle else 2.0) * s * eg + gg[i]
                     sq_zero, sq_mle = (other, own) if mle else (own, other)
                     sq_total += sq_zero
                     if self.cfg.importance != "none":
@@ -241,6 +282,89 @@ class ParameterSearch:
             with torch.no_grad():
                 for p, b in zip(self.params, self._backup):
                     p.copy_(b)
+
+    # ------------------------------------------------------------ all candidates at once
+    def _flat(self) -> dict:
+        """Flat views of the update, built once: gradient (float32), per-element sigmas, a
+        draw buffer and its per-tensor views, the tensors' sizes."""
+        if self._flat_state is None:
+            device, sizes = self.flat_grad.device, self.sizes
+            if len(set(self.sigmas)) == 1:
+                sigma = torch.tensor(self.sigmas[0], dtype=torch.float32, device=device)
+            else:
+                sigma = torch.tensor(self.sigmas, dtype=torch.float32, device=device).repeat_interleave(
+                    torch.tensor(sizes, device=device))
+            eps = torch.empty(sum(sizes), dtype=torch.float32, device=device)
+            self._flat_state = {"g": self.flat_grad.float(), "sigma": sigma, "eps": eps, "views": list(eps.split(sizes))}
+        return self._flat_state
+
+    def _draw_flat(self, k: int) -> Tensor:
+        """eps_k of every tensor into the flat draw buffer (each tensor's numbers from its own
+        (seed, k, i) generator, as ``_noise``)."""
+        f = self._flat()
+        for i, view in enumerate(f["views"]):
+            gen = torch.Generator(device=view.device).manual_seed(mix_seed(self.seed, k, i))
+            view.normal_(generator=gen)
+        return f["eps"]
+
+    def stacked(self, out: Optional[Tensor] = None) -> tuple:
+        """(W, infos): W (K + 1, P) holds theta (row 0) and theta + Delta_k (row k + 1), the
+        parameters flattened in order, each row the values ``perturbed(k)`` gives them; infos
+        the K ``{"log_q", "norm"}`` that ``perturbed`` yields. The parameters are not touched.
+        ``out``: a (K + 1, P) tensor of the parameters' dtype to write into."""
+        f = self._flat()
+        k_count, dtype = self.cfg.num_candidates, self.params[0].dtype
+        if out is None:
+            out = torch.empty(k_count + 1, len(f["eps"]), dtype=dtype, device=f["eps"].device)
+        theta = out[0]
+        torch.cat([p.detach().reshape(-1) for p in self.params], out=theta)
+        g, sigma = f["g"], f["sigma"]
+        s = torch.tensor(self.sigmas, dtype=torch.float64)
+        gg = self._gg().cpu()
+        n = torch.tensor(self.sizes, dtype=torch.float64)
+        scale = s if self.cfg.importance == "exact" else torch.ones_like(s)
+        infos = []
+        for k in range(k_count):
+            eps = self._draw_flat(k)
+            cast = eps.to(dtype)
+            e32 = cast.float()
+            ee, eg = segment_sums(e32 * e32, self.sizes).cpu(), segment_sums(e32 * g, self.sizes).cpu()
+            del e32
+            mle = self.is_mle[k]
+            own = s * s * ee
+            other = own + (-2.0 if mle else 2.0) * s * eg + gg
+            sq_zero, sq_mle = (other, own) if mle else (own, other)
+            log_q = 0.0
+            if self.cfg.importance != "none":
+                z = _log_gaussians(sq_zero, n, scale).sum().item()
+                m = _log_gaussians(sq_mle, n, scale).sum().item()
+                log_q = mixture_log_q(z, m, self.cfg.pi)
+            delta = cast.mul_(sigma.to(dtype))
+            if mle:
+                delta.sub_(g.to(dtype))
+            torch.add(theta, delta, out=out[k + 1])
+            infos.append({"log_q": log_q, "norm": math.sqrt(max(float(sq_zero.sum()), 0.0))})
+        return out, infos
+
+    def flat_direction(self, weights: Tensor) -> Tensor:
+        """``direction`` as one flat (P,) vector, from flat draws: sum_k w_k sigma eps_k -
+        (the MLE candidates' weight) g. Frees the flat buffers."""
+        f = self._flat()
+        w = [float(x) for x in weights]
+        w_mle = sum(wk for wk, mle in zip(w, self.is_mle) if mle)
+        acc = torch.zeros_like(f["eps"])
+        for k, wk in enumerate(w):
+            if wk != 0.0:
+                acc.add_(self._draw_flat(k), alpha=wk)
+        acc.mul_(f["sigma"])
+        if w_mle != 0.0:
+            acc.sub_(f["g"], alpha=w_mle)
+        self._flat_state = None
+        return acc.to(self.params[0].dtype)
+
+    def split(self, flat: Tensor) -> List[Tensor]:
+        """A flat (P,) vector as per-parameter views (shapes of ``params``)."""
+        return [v.view(p.shape) for v, p in zip(flat.split([p.numel() for p in self.params]), self.params)]
 
     def direction(self, weights: Tensor) -> List[Tensor]:
         """Delta = sum_k w_k Delta_k, tensor by tensor (weights: (K,)), as

@@ -12,6 +12,14 @@ is the surrogate sum_p <p, -Delta_p>, whose gradient is exactly -Delta, so
 micro-batch directions are averaged), checkpointing and data parallelism are
 fairseq's own. The sample size is 1 per micro-batch and worker.
 
+With ``--mgs-candidate-evaluation batched`` (the default) theta and its K perturbations
+are decoded together: the K + 1 parameter sets are written into one (K + 1, P) tensor
+(``ParameterSearch.stacked``, the values ``perturbed`` gives the parameters) and decoded
+in one pass of the static-cache step with grouped weights (``decode_grouped``), for
+greedy decoding of ``transformer`` / ``transformer_lm`` decoders; elsewhere, or with
+``sequential``, the candidates are decoded one after another, the parameters perturbed
+in place (one extra copy of the parameters instead of K + 1).
+
 Validation computes the MLE loss and the task losses of greedy decodes, so
 ``--best-checkpoint-metric task_loss`` selects on the task loss.
 """
@@ -32,14 +40,15 @@ from fairseq_ext.core.constraints import above
 from fairseq_ext.core.mgs import IMPORTANCE, NOISE_SCALES, PROPOSALS, ParameterSearch, ProposalConfig
 from fairseq_ext.core.mgs import clip_grad_, mgs_weights, mix_seed, weight_stats
 from fairseq_ext.runtime.clock import TrainingClock, check_model_at_start
-from fairseq_ext.runtime.distributed import all_reduce_sum_, pooled_mean, unwrap
+from fairseq_ext.runtime.distributed import all_reduce_sum_, pooled_mean, pooled_means, unwrap
 from fairseq_ext.runtime.validation import check_options
-from fairseq_ext.decoding.candidates import STRATEGIES, DecodeConfig
+from fairseq_ext.decoding.candidates import STRATEGIES, DecodeConfig, ParameterSets, grouped_reason
 from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
 from fairseq_ext.decoding.scoring import TASK_LOSS_HELP, BatchScorer, check_candidate_model, log_cost_seconds
 
 logger = logging.getLogger(__name__)
+EVALUATIONS = ("batched", "sequential")
 
 
 @dataclass
@@ -92,6 +101,13 @@ class MGSConfig(FairseqDataclass):
         default=None, metadata={"help": "checkpoint scoring the lm cost (default: frozen copy of the starting model)"}
     )
     mgs_post_process: str = field(default="auto", metadata={"help": POST_PROCESS_HELP})
+    mgs_candidate_evaluation: ChoiceEnum(EVALUATIONS) = field(
+        default="batched",
+        metadata={"help": "batched: theta and its K perturbations decoded together, one pass (K + 1 copies of the "
+                          "parameters in memory; greedy decoding of transformer / transformer_lm decoders, else "
+                          "sequential, said once in the log); sequential: one candidate after another, the "
+                          "parameters perturbed in place (one extra copy)"},
+    )
     seed: int = II("common.seed")
 
 
@@ -100,7 +116,8 @@ class MGSCriterion(FairseqCriterion):
     def __init__(self, task, mgs_candidates=4, mgs_mixture=0.5, mgs_alternate=False, mgs_proposal="mixture",
                  mgs_noise=1.0, mgs_noise_scale="per_tensor", mgs_importance="unit", mgs_alpha=1.0,
                  mgs_task_loss="sbleu", mgs_decoder="greedy", mgs_beam=4, mgs_max_len_ratio=1.3, mgs_mle_clip=1.0,
-                 mgs_direction_clip=1.0, mgs_score_model=None, mgs_post_process="auto", seed=1):
+                 mgs_direction_clip=1.0, mgs_score_model=None, mgs_post_process="auto",
+                 mgs_candidate_evaluation="batched", seed=1):
         super().__init__(task)
         check_options(MGSConfig, locals())
         if mgs_score_model and not os.path.isfile(mgs_score_model):
@@ -120,6 +137,8 @@ class MGSCriterion(FairseqCriterion):
             strategy=decoder, beam_size=mgs_beam if decoder == "beam" else None, max_len_ref_ratio=mgs_max_len_ratio
         )
         self.greedy_cfg = DecodeConfig(max_len_ref_ratio=mgs_max_len_ratio)
+        self.batched = str(mgs_candidate_evaluation) == "batched"
+        self._stack = None  # (key, the (K + 1, P) buffer, its per-parameter views), kept between updates
         self.seed = seed
         self.clock = TrainingClock(task)
         self._update_key = (None, 0)
@@ -145,7 +164,8 @@ class MGSCriterion(FairseqCriterion):
         return pooled_mean(total), cand, per_name
 
     def _mle_gradient(self, module, sample):
-        """(params, g: the per-token NLL gradient pooled over workers, this worker's summed NLL and ntokens)."""
+        """(params, g: the per-token NLL gradient pooled over workers, one flat vector (the
+        parameters' in order), this worker's summed NLL and ntokens)."""
         params = [p for p in module.parameters() if p.requires_grad]
         net_output = module(**sample["net_input"])
         lprobs = module.get_normalized_probs(net_output, log_probs=True)
@@ -154,13 +174,59 @@ class MGSCriterion(FairseqCriterion):
             lprobs.view(-1, lprobs.size(-1)), target.view(-1), ignore_index=self.padding_idx, reduction="sum"
         )
         grads = torch.autograd.grad(nll, params, allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)]
+        flat = torch.cat([(torch.zeros_like(p) if g is None else g.detach()).reshape(-1) for p, g in zip(params, grads)])
+        del grads
         local_ntokens = float(target.ne(self.padding_idx).sum())
         ntokens = all_reduce_sum_(torch.tensor(local_ntokens, dtype=torch.float64, device=nll.device))
-        for g in grads:
-            all_reduce_sum_(g)
-            g.div_(max(float(ntokens), 1.0))
-        return params, grads, float(nll.detach()), local_ntokens
+        all_reduce_sum_(flat)
+        flat.div_(max(float(ntokens), 1.0))
+        return params, flat, float(nll.detach()), local_ntokens
+
+    def _batched_for(self, module) -> bool:
+        """Whether this model's candidates are decoded together (said once when they cannot be)."""
+        if not self.batched:
+            return False
+        reason = grouped_reason(module, self.decode_cfg)
+        if reason is not None:
+            logger.info(f"mgs: candidates decoded one at a time (--mgs-candidate-evaluation batched: {reason})")
+            self.batched = False
+        return self.batched
+
+    def _parameter_sets(self, module, params, search):
+        """(theta and its K perturbations as parameter sets, the candidates' log q and norms):
+        written into a buffer kept between updates (its per-parameter views too); parameters
+        not trained are shared by all sets."""
+        count = self.proposal.num_candidates + 1
+        key = (count, params[0].dtype, params[0].device, tuple(id(p) for p in params))
+        if self._stack is None or self._stack[0] != key:
+            self._stack = None  # the old buffer goes first
+            buffer = torch.empty(count, sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+            views = {p: v.view(count, *p.shape) for p, v in zip(params, buffer.split([p.numel() for p in params], 1))}
+            self._stack = (key, buffer, views)
+        _, buffer, views = self._stack
+        _, infos = search.stacked(out=buffer)
+        return ParameterSets(count, lambda p: views[p] if p in views else p.detach().expand(count, *p.shape)), infos
+
+    def _costs_together(self, module, sample, params, search):
+        """(C(theta), the K candidates' costs, their log q and norms) from one grouped decode."""
+        sets, infos = self._parameter_sets(module, params, search)
+        groups, batch = self.scorer.decode_grouped(module, sample, self.decode_cfg, sets)
+        hyps = [h for cand in groups for h in cand.as_list()]
+        total, _ = self.scorer.score(hyps, torch.cat([cand.source_index for cand in groups]), batch)
+        means = pooled_means(total.view(sets.count, -1))
+        return float(means[0]), means[1:].tolist(), [i["log_q"] for i in infos], [i["norm"] for i in infos]
+
+    def _costs_one_by_one(self, module, sample, search, device, gen):
+        """(the K candidates' costs, their log q and norms), theta perturbed in place for each."""
+        costs, log_qs, norms = [], [], []
+        for k in range(self.proposal.num_candidates):
+            with search.perturbed(k) as info:
+                gen = torch.Generator(device).manual_seed(mix_seed(search.seed, 0x5EED)) if gen is not None else None
+                ck, _, _ = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
+            costs.append(float(ck))
+            log_qs.append(info["log_q"])
+            norms.append(info["norm"])
+        return costs, log_qs, norms
 
     # ---------------------------------------------------------------- forward
     def forward(self, model, sample, reduce=True):
@@ -170,20 +236,18 @@ class MGSCriterion(FairseqCriterion):
         self.scorer.ensure_lm_scorer(module)
         seed = self._step_seed()
         device = next(module.parameters()).device  # a sampling generator must live where the probabilities do
+        batched = self._batched_for(module)
         gen = torch.Generator(device).manual_seed(mix_seed(seed, 0x5EED)) if self.decode_cfg.strategy == "sample" else None
-        c0, _, _ = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
+        if not batched:
+            c0 = float(self._pooled_cost(module, sample, self.decode_cfg, generator=gen)[0])
         params, grads, nll_sum, ntokens = self._mle_gradient(module, sample)
-        grad_norm = clip_grad_(grads, self.mle_clip)
+        grad_norm = clip_grad_([grads], self.mle_clip)
 
         search = ParameterSearch(params, grads, self.proposal, seed)
-        costs, log_qs, norms = [], [], []
-        for k in range(self.proposal.num_candidates):
-            with search.perturbed(k) as info:
-                gen = torch.Generator(device).manual_seed(mix_seed(seed, 0x5EED)) if gen is not None else None
-                ck, _, _ = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
-            costs.append(float(ck))
-            log_qs.append(info["log_q"])
-            norms.append(info["norm"])
+        if batched:
+            c0, costs, log_qs, norms = self._costs_together(module, sample, params, search)
+        else:
+            costs, log_qs, norms = self._costs_one_by_one(module, sample, search, device, gen)
         costs_t = torch.tensor(costs, dtype=torch.float64)
         log_q_t = torch.tensor(log_qs, dtype=torch.float64)
 
@@ -192,14 +256,16 @@ class MGSCriterion(FairseqCriterion):
             weights = mgs_weights(float(c0), costs_t, log_q_t, self.alpha)
             finite = bool(torch.isfinite(weights).all())
         if finite:
-            direction = search.direction(weights)
-            direction_norm = clip_grad_(direction, self.direction_clip)
-            # d(surrogate)/dp = -Delta_p; autograd keeps references to p and Delta, no copies
-            surrogate = -sum(torch.dot(p.view(-1), d.view(-1)) for p, d in zip(params, direction))
+            if batched:
+                direction = search.flat_direction(weights)
+            else:
+                direction = torch.cat([d.reshape(-1) for d in search.direction(weights)])
+            direction_norm = clip_grad_([direction], self.direction_clip)
+            # d(surrogate)/dp = -Delta_p
+            surrogate = -torch.dot(torch.cat([p.reshape(-1) for p in params]), direction)
             stats = weight_stats(weights, search.is_mle)
         else:
             logger.warning(f"mgs: non-finite task loss or weight (C(theta)={float(c0)}, candidates={costs}); update skipped")
-            search.direction(torch.zeros(self.proposal.num_candidates))  # frees the backup
             direction_norm = 0.0
             surrogate = sum(p.view(-1)[:1].sum() * 0.0 for p in params)
             stats = {"weight_entropy": 0.0, "weight_std": 0.0, "mle_weight": 0.0, "top_is_mle": 0.0}

@@ -17,7 +17,7 @@ from torch import Tensor
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC, parse_task_loss_spec, task_loss_class, task_loss_names
 from fairseq_ext.runtime.distributed import unwrap
-from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates, decode_with_greedy
+from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates, decode_grouped, decode_with_greedy
 from fairseq_ext.decoding.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process
 from fairseq_ext.tasks.text_completion import TextCompletionTask, prefix_sample
 
@@ -121,6 +121,11 @@ class BatchScorer:
     def decode(self, model, sample: Dict, cfg: DecodeConfig, generator=None) -> Tuple[Candidates, Dict]:
         batch, prefix = self.decode_inputs(sample, self.dictionary)
         return decode_candidates(unwrap(model), batch, cfg, prefix_tokens=prefix, generator=generator), batch
+
+    def decode_grouped(self, model, sample: Dict, cfg: DecodeConfig, sets) -> Tuple[List[Candidates], Dict]:
+        """As ``decode``, once per parameter set of ``sets``, in one pass (``candidates.decode_grouped``)."""
+        batch, prefix = self.decode_inputs(sample, self.dictionary)
+        return decode_grouped(unwrap(model), batch, cfg, sets, prefix_tokens=prefix), batch
 
     def decode_with_greedy(self, model, sample: Dict, cfg: DecodeConfig) -> Tuple[Candidates, Candidates, Dict]:
         """As ``decode``, and one greedy candidate per input (``candidates.decode_with_greedy``)."""

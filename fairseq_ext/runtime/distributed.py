@@ -51,12 +51,17 @@ def pooled_mean(costs: torch.Tensor) -> torch.Tensor:
     Returns:
         0-dim tensor (detached, dtype and device of ``costs``).
     """
+    return pooled_means(costs.reshape(1, -1))[0]
+
+
+def pooled_means(costs: torch.Tensor) -> torch.Tensor:
+    """``pooled_mean`` of every row of (G, N) ``costs`` in one all-reduce: (G,) detached."""
     costs = costs.detach()
-    count = torch.tensor(float(costs.numel()), dtype=torch.float64, device=costs.device)
-    total, count = all_reduce_sum_(torch.stack([costs.sum(dtype=torch.float64), count])).tolist()
-    mean = total / count if count > 0 else 0.0
-    dtype = costs.dtype if costs.dtype.is_floating_point else torch.float32
-    return torch.tensor(mean, dtype=dtype, device=costs.device)
+    count = torch.full((1,), float(costs.size(1)), dtype=torch.float64, device=costs.device)
+    pooled = all_reduce_sum_(torch.cat([costs.sum(dim=1, dtype=torch.float64), count]))
+    total, count = pooled[:-1], float(pooled[-1])
+    means = total / count if count > 0 else torch.zeros_like(total)
+    return means.to(costs.dtype if costs.dtype.is_floating_point else torch.float32)
 
 
 def unwrap(model):
