@@ -21,12 +21,13 @@ untimed rounds, ``--repeats`` interleaved rounds, median, wall clock. ``--amp``:
 step (CE's too) under ``torch.autocast`` (float16 on CUDA, bfloat16 on the CPU), as
 fairseq's ``--amp`` runs the forward and backward; without a loss scaler, which only
 multiplies. ``--compare-decoding``: each row that decodes (mrt, pg, mgs) is also
-measured with fairseq's incremental decoding (``DecodeConfig.lean = False``), the
-path the static-cache step replaced, in the same run. Printed,
+measured with fairseq's incremental decoding (``DecodeConfig.lean = False``; MGS's
+candidates then one at a time), the path the static-cache step replaced, in the same run. Printed,
 never asserted. ``residual_nce`` (another task and model) is measured by
 ``bench_residual.py``.
 """
 import contextlib
+import copy
 import functools
 import logging
 import os
@@ -42,7 +43,6 @@ import dataclasses
 import torch
 from fairseq import options, utils
 
-from fairseq_ext.decoding import scoring
 from fairseq_ext.synthetic import tiny_models, toy
 
 import timing  # bench/timing.py, beside this script
@@ -81,15 +81,14 @@ def build(data: str, quick: bool, device: torch.device, size: str = "small"):
 DECODING_ROWS = ("mrt 4 samples", "pg 4 samples", "mgs K=4")
 
 
-@contextlib.contextmanager
-def fairseq_decoding():
-    """The criteria's candidate decoding through fairseq's incremental path."""
-    lean = scoring.decode_candidates
-    scoring.decode_candidates = lambda model, batch, cfg, **kw: lean(model, batch, dataclasses.replace(cfg, lean=False), **kw)
-    try:
-        yield
-    finally:
-        scoring.decode_candidates = lean
+def fairseq_decoding(criterion):
+    """A copy of ``criterion`` that decodes its candidates through fairseq's incremental path
+    (``DecodeConfig.lean = False``), MGS's one candidate at a time."""
+    other = copy.copy(criterion)
+    other.decode_cfg = dataclasses.replace(criterion.decode_cfg, lean=False)
+    if hasattr(other, "batched"):
+        other.batched = False
+    return other
 
 
 def step(model, sample, criterion, autocast=contextlib.nullcontext) -> None:
@@ -118,7 +117,8 @@ def bench(args, device: torch.device) -> List[Dict]:
         fns = {row: (lambda c: lambda: step(model, sample, c, autocast))(c) for row, c in crits.items()}
         if args.compare_decoding:
             for row in DECODING_ROWS:
-                fns[f"{row}, fairseq decoding"] = (lambda f: lambda: _with(fairseq_decoding, f))(fns[row])
+                fns[f"{row}, fairseq decoding"] = (lambda c: lambda: step(model, sample, c, autocast))(
+                    fairseq_decoding(crits[row]))
         ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
         calls = {row: timing.aten_calls(fn) for row, fn in fns.items()} if args.op_counts else {}
         peak = {row: timing.peak_mib(fn, device) for row, fn in fns.items()}
@@ -129,10 +129,6 @@ def bench(args, device: torch.device) -> List[Dict]:
         r.update(aten_calls=calls[r["row"]], calls_ratio=calls[r["row"]] / calls["ce"])
     return rows
 
-
-def _with(context, fn):
-    with context():
-        fn()
 
 
 def main(argv=None) -> None:
