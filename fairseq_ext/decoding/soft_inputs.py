@@ -193,20 +193,21 @@ class SoftReorder:
     new state is sum_j M[r, j] x (beam j of r's sentence), M a (B*k, K) row-
     stochastic matrix (soft backpointers), instead of an index per row.
 
-    Model-agnostic and vectorised. The decoder's ``reorder_incremental_state_scripting``
-    (what fairseq's SequenceGenerator calls: it reorders the decoder's and every
-    submodule's cache; the transformer decoder's own ``reorder_incremental_state``
-    is a no-op, its caches live in the attention modules) runs once with the hard
-    order (the argmax of M, B*k rows, exactly as in beam search): entries it leaves
-    untouched (fairseq's encoder-decoder attention cache, identical for the beams of
-    a sentence) stay untouched; non-float entries (padding masks) take that hard
-    reorder; every float entry is replaced by one batched product M_b @ (the K
-    beams of sentence b) along its batch dimension, computed from the entry as it
-    was (nothing is gathered K-fold, and the backward pass keeps only the entry and
-    M). The batch dimension of each entry is found once, by a probe reorder with a
-    reversing permutation matched against ``index_select`` (the transformer keeps
-    the batch in dim 0, fairseq's LSTM its stacked layer states in dim 1). With a
-    one-hot M it equals the hard reorder exactly (tested)."""
+    Model-agnostic and vectorised. Which entries the decoder reorders, and along
+    which dimension, is found once per entry by a probe: the decoder's
+    ``reorder_incremental_state_scripting`` (what fairseq's SequenceGenerator calls: it
+    reorders the decoder's and every submodule's cache; the transformer decoder's own
+    ``reorder_incremental_state`` is a no-op, its caches live in the attention
+    modules) with a reversing permutation, matched against ``index_select`` (the
+    transformer keeps the batch in dim 0, fairseq's LSTM its stacked layer states in
+    dim 1). Entries it leaves untouched (fairseq's encoder-decoder attention cache,
+    identical for the beams of a sentence) stay untouched; non-float entries (padding
+    masks) take the hard reorder (the argmax of M, B*k rows, exactly as in beam
+    search); all float entries are mixed by one batched product M_b @ (the K beams
+    of sentence b, every entry's values side by side), computed from the entries as
+    they were (nothing is gathered K-fold, and the backward pass keeps only the
+    entries and M): a constant number of operators per step, whatever the number of
+    layers. With a one-hot M it equals the hard reorder exactly (tested)."""
 
     def __init__(self, decoder):
         self.decoder = decoder
@@ -220,31 +221,29 @@ class SoftReorder:
             return
         rows, K = mix.shape
         B = num_sentences
-        first = torch.arange(B, device=mix.device).repeat_interleave(rows // B) * K
-        hard = first + mix.argmax(-1)
-        snapshot = _copy_state(state)  # the reorder below mutates ``state``'s inner dicts, not these
-        old = _leaves(snapshot)
+        old = _leaves(state)
         if any(name not in self._batch_dims for name in old):
-            self._find_batch_dims(snapshot, old, B * K, mix.device)
-        self.decoder.reorder_incremental_state_scripting(state, hard)
-        gathered = _leaves(state)
-        state.clear()
-        state.update(_copy_state(snapshot))
-        weights = mix.view(B, rows // B, K)
-        for name, tensor in gathered.items():
-            before = old.get(name)
-            if before is None:
-                raise RuntimeError(f"soft reorder: incremental state entry {name} appeared during a reorder")
-            if tensor is before:
+            self._find_batch_dims(_copy_state(state), old, B * K, mix.device)
+        new, mixed, hard = {}, {}, None
+        for name, tensor in old.items():
+            dim = self._batch_dims[name]
+            if dim is None:
                 continue  # not reordered by the decoder: leave it
             if tensor.is_floating_point():
-                dim = self._batch_dims[name]
-                if dim is None:
-                    raise RuntimeError(f"soft reorder: incremental state entry {name} was reordered, not by the probe")
-                x = before.movedim(dim, 0)
-                mixed = torch.bmm(weights.to(x.dtype), x.reshape(B, K, -1))
-                tensor = mixed.reshape(rows, *x.shape[1:]).movedim(0, dim)
-            key, sub = name
+                mixed.setdefault(tensor.dtype, []).append(name)
+                continue
+            if hard is None:
+                hard = torch.arange(B, device=mix.device).repeat_interleave(rows // B) * K + mix.argmax(-1)
+            new[name] = tensor.index_select(dim, hard)
+        for dtype, names in mixed.items():
+            xs = [old[name].movedim(self._batch_dims[name], 0) for name in names]  # (B*K, ...) each
+            together = torch.cat([x.reshape(B, K, -1) for x in xs], dim=2) if len(xs) > 1 else xs[0].reshape(B, K, -1)
+            out = torch.bmm(mix.view(B, rows // B, K).to(dtype), together)
+            for name, x, part in zip(names, xs, out.split([x[0].numel() for x in xs], dim=2)):
+                new[name] = part.reshape(rows, *x.shape[1:]).movedim(0, self._batch_dims[name]).contiguous()
+        for key in {key for key, sub in new if sub is not None}:
+            state[key] = dict(state[key])  # new inner dicts: a holder of the old ones keeps them as they were
+        for (key, sub), tensor in new.items():
             if sub is None:
                 state[key] = tensor
             else:
