@@ -425,7 +425,9 @@ def test_hard_scheduled_sampling_loss_matches_a_token_feeding_loop(models, arch,
                                      (lambda s: next(calls)) if mode == "hard-sample" else None)
     used = iter(noise)
     loop = torch.stack(_independent_loop(model, sample, fed, T - 1, lambda s: (s + next(used)).argmax(-1)), dim=1)
-    _close_where_real(ours, loop, sample, atol=1e-5)
+    # float32 rounding: the static-cache step (transformer) and fairseq's incremental path
+    # order their products differently; the scores reach 40 here (decoder weights x 4)
+    _close_where_real(ours, loop, sample, atol=1e-5 * max(1.0, loop.abs().max().item()))
     target = sample["target"]
     loss = lambda scores: sum(_step_nll(scores[:, i], target[:, i]) for i in range(T))  # noqa: E731
     lprobs = model.get_normalized_probs((ours, None), log_probs=True)

@@ -296,3 +296,33 @@ def test_static_cache_decoding_on_cuda(arch, toy_bin, toy_lm_bin):
                                  generator=torch.Generator(device="cuda").manual_seed(3)) for flag in (True, False)]
         assert torch.equal(out[0].tokens, out[1].tokens) and torch.equal(out[0].finished, out[1].finished)
         assert (out[0].scores - out[1].scores).abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize("which", ["transformer", "transformer_lm"])
+def test_mgs_candidates_together_on_cuda(which, toy_bin, toy_lm_bin):
+    """MGS on CUDA: theta and its K perturbations decoded together (grouped weights) give
+    the update of one candidate at a time (costs, weights, direction)."""
+    from fairseq import utils
+
+    data, task_name = (toy_bin, "translation") if which == "transformer" else (toy_lm_bin, "text_completion")
+    runs = []
+    for mode in ("batched", "sequential"):
+        extra = ["--criterion", "mgs", "--mgs-task-loss", "edit", "--mgs-noise", "30", "--mgs-candidate-evaluation", mode]
+        if task_name == "text_completion":
+            extra += ["--completion-context-size", "3"]
+        task, model, args = tiny_models.build_task_and_model(data, task_name, which, extra, seed=3)
+        model = model.cuda().train()
+        task.load_dataset("valid")
+        ds = task.dataset("valid")
+        sample = utils.move_to_cuda(ds.collater([ds[i] for i in range(8)]))
+        crit = task.build_criterion(args)
+        torch.manual_seed(0)
+        torch.cuda.manual_seed(0)
+        loss, _, log = crit(model, sample)
+        loss.backward()
+        assert crit.batched == (mode == "batched")
+        runs.append((log, torch.cat([p.grad.view(-1) for p in model.parameters() if p.requires_grad])))
+    (log_b, grad_b), (log_s, grad_s) = runs
+    for key in ("loss", "mgs_cand_mean", "mgs_cand_best", "mgs_weight_entropy"):
+        assert log_b[key] == pytest.approx(log_s[key], rel=1e-5, abs=1e-7), key
+    assert (grad_b - grad_s).abs().max().item() <= 1e-5 * grad_s.abs().max().item()

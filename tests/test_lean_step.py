@@ -356,3 +356,36 @@ def test_grouped_decoding_refuses_what_it_does_not_cover(untrained_models, trans
         decode_grouped(model, batch, DecodeConfig(strategy="sample", num_candidates=2), sets)
     lstm = untrained_models["lstm"][1]
     assert "LSTMDecoder" in grouped_reason(lstm, DecodeConfig())
+
+
+@pytest.mark.parametrize("mode", ["soft-argmax", "hard-argmax", "soft-sample"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+def test_scheduled_sampling_pass_equals_fairseqs_incremental_pass(translation, softmax_in_dtype, mode, dtype, tol):
+    """DSS's exact left-to-right pass on the differentiable static-cache step against the
+    same pass through fairseq's incremental decoding, in train mode (dropout 0.1 drawn from
+    the same random state; Gumbel noise from its own generator): the scores at every real
+    position and the gradient of a loss on them with respect to every parameter."""
+    from fairseq_ext.decoding.soft_inputs import make_noise_fn, run_scheduled_sampling
+
+    task, model = translation
+    model = copy.deepcopy(model).to(dtype).train()
+    sample = _batch(task, 8)
+    prev, pad = sample["net_input"]["prev_output_tokens"], task.target_dictionary.pad()
+    fed = torch.rand(prev.shape, generator=torch.Generator().manual_seed(4)) < 0.5
+    fed[:, 0] = False
+    fed &= prev.ne(pad)
+    real = sample["target"].ne(pad)
+    out = []
+    for lean in (True, False):
+        torch.manual_seed(0)
+        model.zero_grad(set_to_none=True)
+        noise = make_noise_fn(mode, torch.Generator().manual_seed(5))
+        logits, steps = run_scheduled_sampling(model, sample["net_input"], fed, mode, 2.0, noise_fn=noise, lean=lean)
+        lprobs = torch.log_softmax(logits, -1).gather(-1, sample["target"].unsqueeze(-1)).squeeze(-1)
+        (-(lprobs * real).sum()).backward()
+        out.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
+    (lean_logits, lean_grads), (ref_logits, ref_grads) = out
+    assert (lean_logits - ref_logits)[real].abs().max().item() < tol
+    for a, b in zip(lean_grads, ref_grads):
+        assert (a - b).abs().max().item() <= tol * max(b.abs().max().item(), 1.0)
+    assert fed.any() and ref_logits[real].abs().max().item() > 1

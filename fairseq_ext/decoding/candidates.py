@@ -15,10 +15,11 @@ Works for encoder-decoder models (``transformer``, ``lstm``, ...) and for
 decoder-only language models continuing a prefix (``transformer_lm``). Dropout
 is off while decoding; the model's train/eval mode is restored afterwards.
 """
+import contextlib
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -150,14 +151,21 @@ def decode_candidates(
         pad; pad means "free"); required for decoder-only models, for which it is
         the prompt. Forced tokens are not part of the returned candidates.
     """
-    was_training = model.training
-    model.eval()
-    try:
+    with _eval_mode(model):
         if cfg.strategy == "beam":
             return _beam(model, sample, cfg, prefix_tokens)
         if cfg.lean and _lean_supported(model):
             return _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator)
         return _greedy_or_sample(model, sample, cfg, prefix_tokens, generator)
+
+
+@contextlib.contextmanager
+def _eval_mode(model) -> Iterator[None]:
+    """Dropout off while decoding; the model's train / eval mode restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
     finally:
         model.train(was_training)
 
@@ -191,12 +199,8 @@ def decode_grouped(model, sample: Dict, cfg: DecodeConfig, sets: ParameterSets,
     reason = grouped_reason(model, cfg)
     if reason is not None:
         raise ValueError(f"decode_grouped: {reason}")
-    was_training = model.training
-    model.eval()
-    try:
+    with _eval_mode(model):
         both = _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, None, sets=sets)
-    finally:
-        model.train(was_training)
     rows = both.tokens.size(0) // sets.count
     return [both.part(slice(g * rows, (g + 1) * rows), cfg.num_candidates) for g in range(sets.count)]
 
@@ -218,12 +222,8 @@ def decode_with_greedy(
     if cfg.strategy != "sample" or not (cfg.lean and _lean_supported(model)):
         return (decode_candidates(model, sample, cfg, prefix_tokens, generator),
                 decode_candidates(model, sample, greedy_cfg, prefix_tokens))
-    was_training = model.training
-    model.eval()
-    try:
+    with _eval_mode(model):
         both = _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_rows=True)
-    finally:
-        model.train(was_training)
     rows = both.tokens.size(0) - sample["net_input"]["src_tokens"].size(0)
     return both.part(slice(0, rows), cfg.num_candidates), both.part(slice(rows, None), 1)
 

@@ -28,10 +28,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def _attend(q: Tensor, keys_t: Tensor, values: Tensor, bias: Tensor, scale: float) -> Tensor:
+def _attend(q: Tensor, keys_t: Tensor, values: Tensor, bias: Tensor, scale: float, dropout: float = 0.0) -> Tensor:
     """softmax(scale q k^T + bias) v over (N*H) rows: q (N*H, 1, d), keys_t (N*H, d, S),
-    values (N*H, S, d), bias (N*H, 1, S) (0, or -inf for a masked key)."""
-    return torch.bmm(torch.softmax(torch.baddbmm(bias, q, keys_t, alpha=scale), dim=-1), values)
+    values (N*H, S, d), bias (N*H, 1, S) (0, or -inf for a masked key); ``dropout`` on the
+    attention probabilities."""
+    probs = torch.softmax(torch.baddbmm(bias, q, keys_t, alpha=scale), dim=-1)
+    return torch.bmm(_dropout(probs, dropout), values)
+
+
+def _dropout(x: Tensor, p: float) -> Tensor:
+    """fairseq's dropout (``FairseqDropout`` in train mode) with probability p > 0, else x."""
+    return F.dropout(x, p=p, training=True) if p > 0 else x
 
 
 def unsupported_reason(decoder) -> Optional[str]:
@@ -98,13 +105,18 @@ class TransformerStep:
         ``weights(p)`` is the (G, *p.shape) stack of decoder parameter p; the rows are G
         equal blocks, block g decoded with set g (its encoder output among ``encoder_out``'s
         inputs, as ``expand`` says). None: the model's own parameters.
+    differentiable: steps that autograd differentiates (the caches grow by concatenation
+        instead of being written in place; no ``keep``), with the decoder's dropout where
+        it is in train mode, drawn in the order and shapes of fairseq's incremental path
+        (the same masks for the same random state). For decoding under gradients:
+        scheduled sampling's left-to-right pass.
 
     ``step(tokens)`` feeds (rows,) tokens at the next position and returns the next
     tokens' log-probabilities, (rows, V) float32; the first call feeds the BOS.
     """
 
     def __init__(self, model, encoder_out: Optional[Dict[str, List[Tensor]]], expand: Tensor, max_steps: int,
-                 weights: Optional[Callable[[Tensor], Tensor]] = None, groups: int = 1):
+                 weights: Optional[Callable[[Tensor], Tensor]] = None, groups: int = 1, differentiable: bool = False):
         decoder = model.decoder
         self.decoder, self.pad = decoder, decoder.padding_idx
         rows = expand.numel()
@@ -134,10 +146,17 @@ class TransformerStep:
         self.count = torch.zeros(rows, dtype=torch.long, device=device)  # non-pad tokens fed so far
         # self-attention: keys and values of every layer and position, written in place; a <pad>
         # key is masked by -inf in the bias (per row, repeated over the heads)
-        self.kv = torch.zeros(len(layers), 2, rows, h, max_steps, d, dtype=dtype, device=device)
-        self.self_bias = torch.zeros(rows, h, 1, max_steps, dtype=dtype, device=device)
-        self._cache_views()
+        self.differentiable = differentiable
+        if differentiable:  # per layer (rows * heads, steps so far, head_dim) keys and values
+            self.grown: List[Optional[Tuple[Tensor, Tensor]]] = [None] * len(layers)
+            self.self_bias = torch.zeros(rows * h, 1, 0, dtype=dtype, device=device)
+        else:
+            self.kv = torch.zeros(len(layers), 2, rows, h, max_steps, d, dtype=dtype, device=device)
+            self.self_bias = torch.zeros(rows, h, 1, max_steps, dtype=dtype, device=device)
+            self._cache_views()
         self.zeros = torch.zeros(rows, dtype=dtype, device=device)
+        training = differentiable and decoder.training  # dropout probabilities (0: none drawn)
+        self.p_embed = decoder.dropout_module.p if training else 0.0
 
         enc, self.enc_bias = None, None
         if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
@@ -156,14 +175,16 @@ class TransformerStep:
             p = {"pre": layer.normalize_before, "sa_ln": self._norm(layer.self_attn_layer_norm),
                  "qkv": (torch.cat([w for w, _ in qkv], -1), qkv_b), "sa_out": self._t(sa.out_proj),
                  "ffn_ln": self._norm(layer.final_layer_norm), "fc1": self._t(layer.fc1), "fc2": self._t(layer.fc2),
-                 "act": layer.activation_fn, "ea": None}
+                 "act": layer.activation_fn, "ea": None,
+                 "p_sa": sa.dropout_module.p if training else 0.0, "p": layer.dropout_module.p if training else 0.0,
+                 "p_act": layer.activation_dropout_module.p if training else 0.0}
             ea = layer.encoder_attn
             if ea is not None and enc is not None:
                 flat = enc.reshape(rows * s_len, -1)
                 k = _mm(flat, *self._t(ea.k_proj)).view(rows, s_len, h, d)
                 v = _mm(flat, *self._t(ea.v_proj)).view(rows, s_len, h, d)
                 p["ea"] = {"ln": self._norm(layer.encoder_attn_layer_norm), "q": self._t(ea.q_proj),
-                           "out": self._t(ea.out_proj),
+                           "out": self._t(ea.out_proj), "p": ea.dropout_module.p if training else 0.0,
                            "keys_t": k.permute(0, 2, 3, 1).reshape(rows * h, d, s_len),
                            "values": v.transpose(1, 2).reshape(rows * h, s_len, d)}
             self.layers.append(p)
@@ -203,6 +224,8 @@ class TransformerStep:
     def keep(self, index: Tensor) -> None:
         """Keep only the rows ``index`` (in that order): a compaction of every cache, done
         rarely (each copies the caches), to stop computing rows that finished."""
+        if self.differentiable:
+            raise ValueError("a differentiable step keeps its rows")
         n_old, h, n = self.rows, self.heads, index.numel()
         if n % self.groups:
             raise ValueError(f"keeping {n} rows breaks the {self.groups} equal blocks of the parameter sets")
@@ -225,30 +248,45 @@ class TransformerStep:
     def _self_attention(self, i: int, x: Tensor, p: Dict) -> Tensor:
         n, h, d, t = self.rows, self.heads, self.head_dim, self.t
         qkv = _mm(x, *p["qkv"]).view(n, 3, h, d)
-        self.kv[i, :, :, :, t] = qkv[:, 1:].transpose(0, 1)
         q = qkv[:, 0].reshape(n * h, 1, d)
+        if self.differentiable:
+            k, v = qkv[:, 1].reshape(n * h, 1, d), qkv[:, 2].reshape(n * h, 1, d)
+            if self.grown[i] is not None:
+                k, v = torch.cat([self.grown[i][0], k], 1), torch.cat([self.grown[i][1], v], 1)
+            self.grown[i] = (k, v)
+            return _attend(q, k.transpose(1, 2), v, self.self_bias, self.scale, p["p_sa"]).view(n, h * d)
+        self.kv[i, :, :, :, t] = qkv[:, 1:].transpose(0, 1)
         keys_t = self.keys[i][:, : t + 1].transpose(1, 2)
         return _attend(q, keys_t, self.values[i][:, : t + 1], self.self_bias_3d[..., : t + 1], self.scale).view(n, h * d)
 
     def _encoder_attention(self, x: Tensor, ea: Dict) -> Tensor:
         n = self.rows
         q = _mm(x, *ea["q"]).view(n * self.heads, 1, self.head_dim)
-        return _attend(q, ea["keys_t"], ea["values"], self.enc_bias, self.scale).view(n, -1)
+        return _attend(q, ea["keys_t"], ea["values"], self.enc_bias, self.scale, ea["p"]).view(n, -1)
 
     def step(self, tokens: Tensor) -> Tensor:
         """Feed (rows,) tokens at the next position; (rows, V) float32 log-probabilities."""
         return torch.log_softmax(self.logits(tokens).float(), dim=-1)
 
-    def logits(self, tokens: Tensor) -> Tensor:
-        """Feed (rows,) tokens at the next position; (rows, V) output scores in the model's dtype."""
+    def logits(self, tokens: Tensor, embeds: Optional[Tensor] = None, replace: Optional[Tensor] = None) -> Tensor:
+        """Feed (rows,) tokens at the next position; (rows, V) output scores in the model's dtype.
+        ``embeds`` (rows, E), ``replace`` (rows,) bool: where ``replace``, the row's token
+        embedding (before any scaling) is ``embeds``' row instead (a soft input)."""
         d = self.decoder
         nonpad = tokens.ne(self.pad)
         self.count += nonpad
-        self.self_bias[:, :, 0, self.t] = self.zeros.masked_fill(~nonpad, float("-inf"))[:, None]
+        bias = self.zeros.masked_fill(~nonpad, float("-inf"))[:, None]
+        if self.differentiable:
+            column = bias.expand(self.rows, self.heads).reshape(-1, 1, 1)
+            self.self_bias = torch.cat([self.self_bias, column], 2)
+        else:
+            self.self_bias[:, :, 0, self.t] = bias
         position = self.count * nonpad
         if self.offsets is not None:
             tokens, position = tokens + self.offsets[0], position + self.offsets[1]
         x = self.embed.index_select(0, tokens)
+        if replace is not None:
+            x = torch.where(replace[:, None], embeds.to(x.dtype), x)
         if d.embed_scale != 1:
             x = x * d.embed_scale
         if self.project_in is not None:
@@ -256,21 +294,22 @@ class TransformerStep:
         x = x + self.positions.index_select(0, position)
         if self.layernorm_embedding is not None:
             x = _ln(x, self.layernorm_embedding)
+        x = _dropout(x, self.p_embed)
         for i, p in enumerate(self.layers):
             pre = p["pre"]
             residual = x
             x = _ln(x, p["sa_ln"]) if pre else x
-            x = residual + _mm(self._self_attention(i, x, p), *p["sa_out"])
+            x = residual + _dropout(_mm(self._self_attention(i, x, p), *p["sa_out"]), p["p"])
             x = x if pre else _ln(x, p["sa_ln"])
             ea = p["ea"]
             if ea is not None:
                 residual = x
                 x = _ln(x, ea["ln"]) if pre else x
-                x = residual + _mm(self._encoder_attention(x, ea), *ea["out"])
+                x = residual + _dropout(_mm(self._encoder_attention(x, ea), *ea["out"]), p["p"])
                 x = x if pre else _ln(x, ea["ln"])
             residual = x
             x = _ln(x, p["ffn_ln"]) if pre else x
-            x = residual + _mm(p["act"](_mm(x, *p["fc1"])), *p["fc2"])
+            x = residual + _dropout(_mm(_dropout(p["act"](_mm(x, *p["fc1"])), p["p_act"]), *p["fc2"]), p["p"])
             x = x if pre else _ln(x, p["ffn_ln"])
         if self.layer_norm is not None:
             x = _ln(x, self.layer_norm)

@@ -16,6 +16,7 @@ encoder is run before the hook is armed, so a shared source / target embedding
 decoder's incremental state, the recurrence of Goyal thesis 3.3.2) or in N parallel
 passes, with each position fed the gold token or the previous step's decision.
 """
+import logging
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -25,6 +26,10 @@ from torch import Tensor
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import Rule, check_arguments, declare
 from fairseq_ext.core.relaxations import decision_embedding, gumbel_noise, is_sample
+from fairseq_ext.decoding.lean_step import TransformerStep, unsupported_reason
+
+logger = logging.getLogger(__name__)
+_FALLBACK_LOGGED = set()
 
 NoiseFn = Callable[[Tensor], Tensor]
 
@@ -118,6 +123,7 @@ def run_scheduled_sampling(
     alpha: float,
     passes: int = 0,
     noise_fn: Optional[NoiseFn] = None,
+    lean: bool = True,
 ) -> Tuple[Tensor, List[Tensor]]:
     """Decoder scores of a scheduled-sampling pass.
 
@@ -150,6 +156,8 @@ def run_scheduled_sampling(
         noise = noise_fn(scores) if noise_fn is not None else None
         return decision_embedding(scores, embed_weight, mode, alpha, noise)
 
+    if passes == 0 and lean and _lean_supported(decoder):
+        return _sequential_lean(model, prev, encoder_out, model_fed, decide)
     with EmbeddingOverride(embedding) as override:
         if passes == 0:
             return _sequential(decoder, prev, encoder_out, model_fed, decide, override)
@@ -159,6 +167,30 @@ def run_scheduled_sampling(
             override.set(model_fed, torch.cat([torch.zeros_like(decided[:, :1]), decided], dim=1))
             logits, _ = decoder(prev, encoder_out=encoder_out)
         return logits, []
+
+
+def _lean_supported(decoder) -> bool:
+    reason = unsupported_reason(decoder)
+    if reason is None and getattr(decoder, "decoder_layerdrop", 0) > 0 and decoder.training:
+        reason = "LayerDrop (the step runs every layer)"
+    if reason is not None and type(decoder) not in _FALLBACK_LOGGED:
+        _FALLBACK_LOGGED.add(type(decoder))
+        logger.info(f"scheduled sampling: fairseq's incremental path for {type(decoder).__name__} (the "
+                    f"static-cache step covers fairseq's TransformerDecoder only: {reason})")
+    return reason is None
+
+
+def _sequential_lean(model, prev: Tensor, encoder_out, model_fed: Tensor, decide) -> Tuple[Tensor, List[Tensor]]:
+    """``_sequential`` with the differentiable static-cache step (fairseq's transformer)."""
+    rows = torch.arange(prev.size(0), device=prev.device)
+    step = TransformerStep(model, encoder_out, rows, prev.size(1), differentiable=True)
+    step_scores: List[Tensor] = []
+    for i in range(prev.size(1)):
+        embeds = replace = None
+        if i > 0 and bool(model_fed[:, i].any()):
+            embeds, replace = decide(step_scores[-1]), model_fed[:, i]
+        step_scores.append(step.logits(prev[:, i], embeds, replace))
+    return torch.stack(step_scores, dim=1), step_scores
 
 
 def _sequential(decoder, prev: Tensor, encoder_out, model_fed: Tensor, decide, override) -> Tuple[Tensor, List[Tensor]]:
