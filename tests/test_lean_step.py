@@ -21,7 +21,6 @@ import pytest
 import torch
 
 import fairseq.utils
-from fairseq_ext.decoding import candidates as cand_mod
 from fairseq_ext.decoding.candidates import (DecodeConfig, ParameterSets, _encode_sets, decode_candidates, decode_grouped,
                                              decode_with_greedy, grouped_reason, sequence_log_probs)
 from fairseq_ext.decoding.lean_step import TransformerStep, unsupported_reason
@@ -188,22 +187,27 @@ def test_candidates_equal_fairseqs_incremental_path(translation, language_model,
 
 
 def test_other_decoders_take_fairseqs_path_with_one_log_line(untrained_models, caplog, monkeypatch):
+    """Candidate decoding and DSS's pass each say once that an lstm decoder takes fairseq's path."""
+    from fairseq_ext.decoding import lean_step
+    from fairseq_ext.decoding.soft_inputs import run_scheduled_sampling
+
     task, model = untrained_models["lstm"]
-    monkeypatch.setattr(cand_mod, "_FALLBACK_LOGGED", set())
+    monkeypatch.setattr(lean_step, "_FALLBACK_LOGGED", set())
     task.load_dataset("valid")
     sample = _batch(task)
-    with caplog.at_level(logging.INFO, logger="fairseq_ext.decoding.candidates"):
+    fed = torch.zeros_like(sample["net_input"]["prev_output_tokens"], dtype=torch.bool)
+    with caplog.at_level(logging.INFO, logger="fairseq_ext.decoding.lean_step"):
         for _ in range(2):
             c = decode_candidates(model, sample, DecodeConfig(max_len_b=5))
+            run_scheduled_sampling(model, sample["net_input"], fed, "soft-argmax", 1.0)
     lines = [r.getMessage() for r in caplog.records if "incremental path" in r.getMessage()]
-    assert len(lines) == 1 and "LSTMDecoder" in lines[0]
+    assert len(lines) == 2 and all("LSTMDecoder" in line for line in lines)
+    assert lines[0].startswith("candidate decoding:") and lines[1].startswith("scheduled sampling:")
     assert c.tokens.size(0) == 6
 
 
 def _eos_biased(model, task, eos_bias):
     """A copy of ``model`` whose output layer adds ``eos_bias`` to EOS's score."""
-    import copy
-
     model = copy.deepcopy(model)
     old = model.decoder.output_projection
     new = torch.nn.Linear(old.in_features, old.out_features, bias=True)
@@ -273,11 +277,18 @@ def test_adaptive_input_or_softmax_take_fairseqs_path(toy_lm_bin, options, reaso
     assert unsupported_reason(model.decoder) == reason
 
 
+def test_layerdrop_is_covered_in_eval_mode_only(toy_lm_bin):
+    """LayerDrop skips layers at random in training (the step runs every layer); in eval mode
+    it skips none, and the step covers the model."""
+    _, model, _ = tiny_models.build_task_and_model(toy_lm_bin, "text_completion", "transformer_lm",
+                                                   ["--completion-context-size", "3", "--decoder-layerdrop", "0.2"])
+    assert unsupported_reason(model.decoder.train()) == "LayerDrop (the step runs every layer)"
+    assert unsupported_reason(model.decoder.eval()) is None
+
+
 def _parameter_sets(model, count, scale=0.05, seed=0):
     """``count`` sets of values for ``model``'s parameters: its own, then perturbed ones;
     with the models that hold each set (copies of ``model``)."""
-    import copy
-
     g = torch.Generator().manual_seed(seed)
     stacks = {p: torch.stack([p.detach()] + [p.detach() + scale * torch.randn(p.shape, generator=g).to(p.dtype)
                                              for _ in range(count - 1)]) for p in model.parameters()}

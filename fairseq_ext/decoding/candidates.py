@@ -16,7 +16,6 @@ decoder-only language models continuing a prefix (``transformer_lm``). Dropout
 is off while decoding; the model's train/eval mode is restored afterwards.
 """
 import contextlib
-import logging
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
@@ -26,10 +25,7 @@ from torch import Tensor
 
 from fairseq_ext.core.constraints import CONSTRAINT, OneOf, ParameterError, above, at_least, check_fields, constraint_of
 from fairseq_ext.core.sampling import choose_tokens, filter_logits
-from fairseq_ext.decoding.lean_step import TransformerStep, unsupported_reason
-
-logger = logging.getLogger(__name__)
-_FALLBACK_LOGGED = set()
+from fairseq_ext.decoding.lean_step import TransformerStep, unsupported_reason, use_step
 
 STRATEGIES = ("greedy", "sample", "beam")
 
@@ -229,12 +225,7 @@ def decode_with_greedy(
 
 
 def _lean_supported(model) -> bool:
-    reason = unsupported_reason(model.decoder)
-    if reason is not None and type(model.decoder) not in _FALLBACK_LOGGED:
-        _FALLBACK_LOGGED.add(type(model.decoder))
-        logger.info(f"candidate decoding: fairseq's incremental path for {type(model.decoder).__name__} "
-                    f"(the static-cache step covers fairseq's TransformerDecoder only: {reason})")
-    return reason is None
+    return use_step(model.decoder, "candidate decoding")
 
 
 def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_rows=False,

@@ -16,16 +16,25 @@ It follows fairseq's full teacher-forced forward, also where fairseq's own
 incremental path does not: a ``<pad>`` in a history is masked as a key and skipped
 when counting positions (fairseq's incremental path does neither).
 
+Two variants: G parameter sets stepped together (grouped weights: MGS's theta and
+its perturbations in one decode), and a differentiable step for decoding under
+gradients (caches grown by concatenation, fairseq's dropout; DSS's exact pass).
+
 ``unsupported_reason(decoder)`` names what a decoder has that the step does not
 cover (adaptive input or softmax, quantisation noise, cross-self-attention,
-NormFormer's extra scalings, attention biases, forward hooks on its modules);
+NormFormer's extra scalings, attention biases, forward hooks on its modules,
+LayerDrop in training); ``use_step(decoder, who)`` says so once in the log, and
 callers then use fairseq's path.
 """
+import logging
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+logger = logging.getLogger(__name__)
+_FALLBACK_LOGGED = set()
 
 
 def _attend(q: Tensor, keys_t: Tensor, values: Tensor, bias: Tensor, scale: float, dropout: float = 0.0) -> Tensor:
@@ -59,6 +68,8 @@ def unsupported_reason(decoder) -> Optional[str]:
         return "cross-self-attention"
     if decoder.embed_positions is None:
         return "no positional embeddings"
+    if decoder.training and getattr(decoder, "decoder_layerdrop", 0) > 0:
+        return "LayerDrop (the step runs every layer)"
     if any(m._forward_hooks or m._forward_pre_hooks for m in decoder.modules()):
         return "forward hooks on its modules (the step reads their parameters, not their calls)"
     for layer in decoder.layers:
@@ -71,6 +82,17 @@ def unsupported_reason(decoder) -> Optional[str]:
             if attn is not None and attn.scaling != attn.head_dim ** -0.5:
                 return "attention scaled other than by 1 / sqrt(head_dim)"
     return None
+
+
+def use_step(decoder, who: str) -> bool:
+    """Whether ``TransformerStep`` can run ``decoder``; when it cannot, one log line (per
+    caller and decoder type) says that ``who`` takes fairseq's incremental path and why."""
+    reason = unsupported_reason(decoder)
+    if reason is not None and (who, type(decoder)) not in _FALLBACK_LOGGED:
+        _FALLBACK_LOGGED.add((who, type(decoder)))
+        logger.info(f"{who}: fairseq's incremental path for {type(decoder).__name__} (the static-cache step "
+                    f"covers fairseq's TransformerDecoder only: {reason})")
+    return reason is None
 
 
 def _mm(x: Tensor, wt: Tensor, b: Optional[Tensor]) -> Tensor:

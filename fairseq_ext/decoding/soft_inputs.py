@@ -16,7 +16,6 @@ encoder is run before the hook is armed, so a shared source / target embedding
 decoder's incremental state, the recurrence of Goyal thesis 3.3.2) or in N parallel
 passes, with each position fed the gold token or the previous step's decision.
 """
-import logging
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -26,10 +25,7 @@ from torch import Tensor
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import Rule, check_arguments, declare
 from fairseq_ext.core.relaxations import decision_embedding, gumbel_noise, is_sample
-from fairseq_ext.decoding.lean_step import TransformerStep, unsupported_reason
-
-logger = logging.getLogger(__name__)
-_FALLBACK_LOGGED = set()
+from fairseq_ext.decoding.lean_step import TransformerStep, use_step
 
 NoiseFn = Callable[[Tensor], Tensor]
 
@@ -156,7 +152,7 @@ def run_scheduled_sampling(
         noise = noise_fn(scores) if noise_fn is not None else None
         return decision_embedding(scores, embed_weight, mode, alpha, noise)
 
-    if passes == 0 and lean and _lean_supported(decoder):
+    if passes == 0 and lean and use_step(decoder, "scheduled sampling"):
         return _sequential_lean(model, prev, encoder_out, model_fed, decide)
     with EmbeddingOverride(embedding) as override:
         if passes == 0:
@@ -167,17 +163,6 @@ def run_scheduled_sampling(
             override.set(model_fed, torch.cat([torch.zeros_like(decided[:, :1]), decided], dim=1))
             logits, _ = decoder(prev, encoder_out=encoder_out)
         return logits, []
-
-
-def _lean_supported(decoder) -> bool:
-    reason = unsupported_reason(decoder)
-    if reason is None and getattr(decoder, "decoder_layerdrop", 0) > 0 and decoder.training:
-        reason = "LayerDrop (the step runs every layer)"
-    if reason is not None and type(decoder) not in _FALLBACK_LOGGED:
-        _FALLBACK_LOGGED.add(type(decoder))
-        logger.info(f"scheduled sampling: fairseq's incremental path for {type(decoder).__name__} (the "
-                    f"static-cache step covers fairseq's TransformerDecoder only: {reason})")
-    return reason is None
 
 
 def _sequential_lean(model, prev: Tensor, encoder_out, model_fed: Tensor, decide) -> Tuple[Tensor, List[Tensor]]:
