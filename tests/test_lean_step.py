@@ -337,7 +337,8 @@ def test_grouped_step_equals_each_sets_full_forward(translation, language_model,
 def test_grouped_decode_equals_each_sets_decode_on_fairseqs_path(translation, language_model, which, monkeypatch):
     """``decode_grouped`` of four parameter sets: set g's candidates are those of
     ``decode_candidates`` on fairseq's path for the model holding set g (tokens, lengths,
-    finished flags; scores to float error), also where rows finish at different steps and
+    finished flags; scores to float error), greedy and sampled (each set from its own
+    generator, seeded as the lone decode's), also where rows finish at different steps and
     leave the caches (EOS biases 2-4), a row leaving only once it finished in every set."""
     task, biased = translation if which == "transformer" else language_model
     kept = []
@@ -345,13 +346,18 @@ def test_grouped_decode_equals_each_sets_decode_on_fairseqs_path(translation, la
     monkeypatch.setattr(TransformerStep, "keep", lambda self, index: (kept.append(index.numel()), keep(self, index)))
     sample = _batch(task, 12)
     batch, prefix = BatchScorer(task, "edit").decode_inputs(sample, task.target_dictionary)
-    for eos_bias in (0.0, 2.0, 3.0, 4.0):
+    for eos_bias, cfg in ((0.0, dict()), (2.0, dict()), (3.0, dict()), (4.0, dict()),
+                          (0.0, dict(strategy="sample", num_candidates=2, topk=10)),
+                          (3.0, dict(strategy="sample", num_candidates=2))):
         model = _eos_biased(biased, task, eos_bias)
         sets, models = _parameter_sets(model, 4)
-        got = decode_grouped(model, batch, DecodeConfig(max_len_b=12), sets, prefix_tokens=prefix)
+        gens = [torch.Generator().manual_seed(7) for _ in range(4)] if cfg else None
+        got = decode_grouped(model, batch, DecodeConfig(max_len_b=12, **cfg), sets, prefix_tokens=prefix,
+                             generators=gens)
         assert len(got) == 4
         for cand, m in zip(got, models):
-            want = decode_candidates(m, batch, DecodeConfig(lean=False, max_len_b=12), prefix_tokens=prefix)
+            want = decode_candidates(m, batch, DecodeConfig(lean=False, max_len_b=12, **cfg), prefix_tokens=prefix,
+                                     generator=torch.Generator().manual_seed(7))
             assert torch.equal(cand.tokens, want.tokens) and torch.equal(cand.lengths, want.lengths)
             assert torch.equal(cand.finished, want.finished)
             assert (cand.scores - want.scores).abs().max().item() < 1e-4
@@ -363,7 +369,9 @@ def test_grouped_decoding_refuses_what_it_does_not_cover(untrained_models, trans
     task, model = translation
     sets, _ = _parameter_sets(model, 2)
     batch = _batch(task)
-    with pytest.raises(ValueError, match="sample decoding"):
+    with pytest.raises(ValueError, match="beam decoding"):
+        decode_grouped(model, batch, DecodeConfig(strategy="beam", num_candidates=2), sets)
+    with pytest.raises(ValueError, match="one generator per parameter set"):
         decode_grouped(model, batch, DecodeConfig(strategy="sample", num_candidates=2), sets)
     lstm = untrained_models["lstm"][1]
     assert "LSTMDecoder" in grouped_reason(lstm, DecodeConfig())

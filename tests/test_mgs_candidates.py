@@ -28,11 +28,13 @@ def _update(crit, model, sample):
     return log, [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
 
-@pytest.mark.parametrize("which", ["transformer", "transformer_lm"])
-def test_candidates_decoded_together_equal_one_at_a_time(toy_bin, toy_lm_bin, which):
+@pytest.mark.parametrize("which,decoder", [("transformer", "greedy"), ("transformer_lm", "greedy"),
+                                           ("transformer", "sample")])
+def test_candidates_decoded_together_equal_one_at_a_time(toy_bin, toy_lm_bin, which, decoder):
     data, task_name = (toy_bin, "translation") if which == "transformer" else (toy_lm_bin, "text_completion")
-    batched, model, sample = _criterion(data, task_name, which, "batched")
-    sequential, model_s, _ = _criterion(data, task_name, which, "sequential")
+    extra = ["--mgs-decoder", decoder]
+    batched, model, sample = _criterion(data, task_name, which, "batched", extra)
+    sequential, model_s, _ = _criterion(data, task_name, which, "sequential", extra)
     model_s.load_state_dict(model.state_dict())
     for _ in range(2):  # the second update reuses the stacked buffer
         log_b, grad_b = _update(batched, model, sample)
@@ -51,11 +53,11 @@ def test_candidates_decoded_together_equal_one_at_a_time(toy_bin, toy_lm_bin, wh
 
 
 def test_candidates_decoded_one_at_a_time_where_they_cannot_be_together(toy_bin, caplog):
-    crit, model, sample = _criterion(toy_bin, "translation", "transformer", "batched", ["--mgs-decoder", "sample"])
+    crit, model, sample = _criterion(toy_bin, "translation", "transformer", "batched", ["--mgs-decoder", "beam"])
     with caplog.at_level(logging.INFO):
         _update(crit, model, sample)
         _update(crit, model, sample)
     lines = [r.getMessage() for r in caplog.records if "one at a time" in r.getMessage()]
-    assert lines == ["mgs: candidates decoded one at a time (--mgs-candidate-evaluation batched: sample decoding "
-                     "(parameter sets are decoded together greedily only))"]
+    assert lines == ["mgs: candidates decoded one at a time (--mgs-candidate-evaluation batched: beam decoding "
+                     "(parameter sets are decoded together greedily or by sampling))"]
     assert not crit.batched

@@ -16,7 +16,7 @@ With ``--mgs-candidate-evaluation batched`` (the default) theta and its K pertur
 are decoded together: the K + 1 parameter sets are written into one (K + 1, P) tensor
 (``ParameterSearch.stacked``, the values ``perturbed`` gives the parameters) and decoded
 in one pass of the static-cache step with grouped weights (``decode_grouped``), for
-greedy decoding of ``transformer`` / ``transformer_lm`` decoders; elsewhere, or with
+greedy or sampled decoding of ``transformer`` / ``transformer_lm`` decoders; elsewhere, or with
 ``sequential``, the candidates are decoded one after another, the parameters perturbed
 in place (one extra copy of the parameters instead of K + 1).
 
@@ -104,7 +104,7 @@ class MGSConfig(FairseqDataclass):
     mgs_candidate_evaluation: ChoiceEnum(EVALUATIONS) = field(
         default="batched",
         metadata={"help": "batched: theta and its K perturbations decoded together, one pass (K + 1 copies of the "
-                          "parameters in memory; greedy decoding of transformer / transformer_lm decoders, else "
+                          "parameters in memory; greedy or sampled decoding of transformer / transformer_lm decoders, else "
                           "sequential, said once in the log); sequential: one candidate after another, the "
                           "parameters perturbed in place (one extra copy)"},
     )
@@ -207,10 +207,14 @@ class MGSCriterion(FairseqCriterion):
         _, infos = search.stacked(out=buffer)
         return ParameterSets(count, lambda p: views[p] if p in views else p.detach().expand(count, *p.shape)), infos
 
-    def _costs_together(self, module, sample, params, search):
-        """(C(theta), the K candidates' costs, their log q and norms) from one grouped decode."""
+    def _costs_together(self, module, sample, params, search, device):
+        """(C(theta), the K candidates' costs, their log q and norms) from one grouped decode
+        (sampling: every set draws from a generator seeded as the sequential decodes' are)."""
         sets, infos = self._parameter_sets(module, params, search)
-        groups, batch = self.scorer.decode_grouped(module, sample, self.decode_cfg, sets)
+        gens = None
+        if self.decode_cfg.strategy == "sample":
+            gens = [torch.Generator(device).manual_seed(mix_seed(search.seed, 0x5EED)) for _ in range(sets.count)]
+        groups, batch = self.scorer.decode_grouped(module, sample, self.decode_cfg, sets, gens)
         hyps = [h for cand in groups for h in cand.as_list()]
         total, _ = self.scorer.score(hyps, torch.cat([cand.source_index for cand in groups]), batch)
         means = pooled_means(total.view(sets.count, -1))
@@ -245,7 +249,7 @@ class MGSCriterion(FairseqCriterion):
 
         search = ParameterSearch(params, grads, self.proposal, seed)
         if batched:
-            c0, costs, log_qs, norms = self._costs_together(module, sample, params, search)
+            c0, costs, log_qs, norms = self._costs_together(module, sample, params, search, device)
         else:
             costs, log_qs, norms = self._costs_one_by_one(module, sample, search, device, gen)
         costs_t = torch.tensor(costs, dtype=torch.float64)

@@ -18,7 +18,7 @@ is off while decoding; the model's train/eval mode is restored afterwards.
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -177,8 +177,8 @@ class ParameterSets:
 
 def grouped_reason(model, cfg: DecodeConfig) -> Optional[str]:
     """Why ``decode_grouped`` cannot decode ``model`` with ``cfg``, or None when it can."""
-    if cfg.strategy != "greedy":
-        return f"{cfg.strategy} decoding (parameter sets are decoded together greedily only)"
+    if cfg.strategy == "beam":
+        return "beam decoding (parameter sets are decoded together greedily or by sampling)"
     if not cfg.lean:
         return "DecodeConfig.lean is off"
     return unsupported_reason(model.decoder)
@@ -186,17 +186,21 @@ def grouped_reason(model, cfg: DecodeConfig) -> Optional[str]:
 
 @torch.no_grad()
 def decode_grouped(model, sample: Dict, cfg: DecodeConfig, sets: ParameterSets,
-                   prefix_tokens: Optional[Tensor] = None) -> List[Candidates]:
+                   prefix_tokens: Optional[Tensor] = None,
+                   generators: Optional[Sequence[torch.Generator]] = None) -> List[Candidates]:
     """``decode_candidates`` once per parameter set of ``sets``, in one decode: the G sets'
     encoders run one after another, their decoders step together (``TransformerStep`` with
-    grouped weights). Greedy decoding of the models the static-cache step covers
-    (``grouped_reason``). Returns G ``Candidates``, set g's as ``decode_candidates`` of the
-    model holding set g's values."""
+    grouped weights). Greedy decoding or sampling of the models the static-cache step
+    covers (``grouped_reason``); sampling draws set g's tokens from ``generators[g]`` as
+    ``decode_candidates`` would alone. Returns G ``Candidates``, set g's as
+    ``decode_candidates`` of the model holding set g's values."""
     reason = grouped_reason(model, cfg)
     if reason is not None:
         raise ValueError(f"decode_grouped: {reason}")
+    if cfg.strategy == "sample" and (generators is None or len(generators) != sets.count):
+        raise ValueError(f"decode_grouped: sampling needs one generator per parameter set ({sets.count})")
     with _eval_mode(model):
-        both = _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, None, sets=sets)
+        both = _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generators, sets=sets)
     rows = both.tokens.size(0) // sets.count
     return [both.part(slice(g * rows, (g + 1) * rows), cfg.num_candidates) for g in range(sets.count)]
 
@@ -234,8 +238,8 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_
     and its outputs are ignored; once at most half of the rows still run, the finished
     ones leave every cache at once (``TransformerStep.keep``), their results kept.
     ``greedy_rows``: one greedy row per input after the B x n rows (``decode_with_greedy``).
-    ``sets``: G blocks of rows, one per parameter set (``decode_grouped``); a row leaves
-    when its counterparts in every block finished."""
+    ``sets``: G blocks of rows, one per parameter set (``decode_grouped``; ``generator``
+    then one per set); a row leaves when its counterparts in every block finished."""
     pad, eos, n, device, expand, encoder_out, prefix, n_forced, max_len = _plan(model, sample, cfg, prefix_tokens,
                                                                               greedy_rows, sets)
     total_steps, rows = n_forced + max_len, expand.numel()
@@ -263,7 +267,13 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_
             lprobs[:, eos] = lprobs[:, eos].masked_fill(out_len < cfg.min_len, float("-inf"))
         free = prefix[:, step].eq(pad) if step < n_forced else None
         gen = ~done if free is None else ~done & free
-        if sampling:  # draws for the live free rows only, in row order: the random numbers of fairseq's path
+        if sampling and groups > 1:  # each set's live free rows from its own generator, as if decoded alone
+            options = dict(sample=True, temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp)
+            chosen, per = torch.full_like(tokens, eos), tokens.numel() // groups
+            for g in range(groups):
+                idx = gen[g * per:(g + 1) * per].nonzero().squeeze(1) + g * per
+                chosen[idx] = choose_tokens(lprobs[idx], generator=generator[g], **options)
+        elif sampling:  # draws for the live free rows only, in row order: the random numbers of fairseq's path
             options = dict(sample=True, temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp, generator=generator)
             if free is None and not any_done and n_sampled == rows:
                 chosen = choose_tokens(lprobs, **options)

@@ -122,10 +122,10 @@ class BatchScorer:
         batch, prefix = self.decode_inputs(sample, self.dictionary)
         return decode_candidates(unwrap(model), batch, cfg, prefix_tokens=prefix, generator=generator), batch
 
-    def decode_grouped(self, model, sample: Dict, cfg: DecodeConfig, sets) -> Tuple[List[Candidates], Dict]:
+    def decode_grouped(self, model, sample: Dict, cfg: DecodeConfig, sets, generators=None) -> Tuple[List[Candidates], Dict]:
         """As ``decode``, once per parameter set of ``sets``, in one pass (``candidates.decode_grouped``)."""
         batch, prefix = self.decode_inputs(sample, self.dictionary)
-        return decode_grouped(unwrap(model), batch, cfg, sets, prefix_tokens=prefix), batch
+        return decode_grouped(unwrap(model), batch, cfg, sets, prefix_tokens=prefix, generators=generators), batch
 
     def decode_with_greedy(self, model, sample: Dict, cfg: DecodeConfig) -> Tuple[Candidates, Candidates, Dict]:
         """As ``decode``, and one greedy candidate per input (``candidates.decode_with_greedy``)."""
