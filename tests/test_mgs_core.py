@@ -25,6 +25,11 @@ def _toy(seed=0):
     return params, grads
 
 
+def _flat(grads):
+    """(one flat gradient, the tensors' sizes)."""
+    return torch.cat([g.reshape(-1) for g in grads]), [g.numel() for g in grads]
+
+
 def test_weights_and_direction_hand_computed():
     """2 parameters, 2 candidates (alternation: k=0 MLE, k=1 zero-mean), absolute sigma 0.1."""
     theta = [torch.tensor([1.0, 2.0])]
@@ -62,7 +67,7 @@ def test_exact_log_q_equals_gaussian_mixture(pi):
     params, grads = _toy()
     cfg = ProposalConfig(num_candidates=3, mixture=pi, noise=0.5, importance="exact")
     search = ParameterSearch(params, grads, cfg, seed=7)
-    sig = noise_scales(grads, 0.5, "per_tensor")
+    sig = noise_scales(*_flat(grads), 0.5, "per_tensor")
     for k in range(3):
         delta = [search.piece(k, i) for i in range(2)]
         zero = sum(Normal(torch.zeros_like(d), s).log_prob(d).sum() for d, s in zip(delta, sig))
@@ -142,9 +147,9 @@ def test_alternation_follows_the_published_code(k, expected):
 
 def test_noise_scales_and_clip():
     grads = [torch.tensor([1.0, -3.0]), torch.tensor([0.5])]
-    assert noise_scales(grads, 2.0, "per_tensor") == pytest.approx([4.0, 1.0])
-    assert noise_scales(grads, 2.0, "global") == pytest.approx([2.0 * 4.5 / 3] * 2)
-    assert noise_scales(grads, 0.3, "absolute") == [0.3, 0.3]
+    assert noise_scales(*_flat(grads), 2.0, "per_tensor") == pytest.approx([4.0, 1.0])
+    assert noise_scales(*_flat(grads), 2.0, "global") == pytest.approx([2.0 * 4.5 / 3] * 2)
+    assert noise_scales(*_flat(grads), 0.3, "absolute") == [0.3, 0.3]
     norm = clip_grad_(grads, 1.0)
     assert norm == pytest.approx(math.sqrt(10.25))
     assert math.sqrt(sum(float(g.pow(2).sum()) for g in grads)) == pytest.approx(1.0, abs=1e-5)

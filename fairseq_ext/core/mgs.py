@@ -94,17 +94,12 @@ class ProposalConfig:
         return {"mixture": self.mixture, "zero": 1.0, "mle": 0.0}[self.proposal]
 
 
-def noise_scales(grads: Sequence[Tensor], noise: float, mode: str) -> List[float]:
-    """sigma per tensor: noise * mean|g_w| (per_tensor), noise * mean|g| (global) or noise."""
-    flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) else torch.zeros(0)
-    sizes = [g.numel() for g in grads]
-    return _noise_scales(segment_sums(flat.abs(), sizes).tolist(), sizes, noise, mode)
-
-
-def _noise_scales(l1: Sequence[float], sizes: Sequence[int], noise: float, mode: str) -> List[float]:
-    """``noise_scales`` from each tensor's sum |g| and size."""
+def noise_scales(grad: Tensor, sizes: Sequence[int], noise: float, mode: str) -> List[float]:
+    """sigma per tensor of a flat gradient cut into tensors of ``sizes``: noise * mean|g_w|
+    (per_tensor), noise * mean|g| (global) or noise (absolute)."""
     if mode == "absolute":
         return [float(noise)] * len(sizes)
+    l1 = segment_sums(grad.abs(), sizes).tolist()
     if mode == "global":
         return [noise * sum(l1) / max(sum(sizes), 1)] * len(sizes)
     return [noise * a / n if n else 0.0 for a, n in zip(l1, sizes)]
@@ -204,11 +199,10 @@ class ParameterSearch:
             self.flat_grad = grads.detach().reshape(-1)
         else:
             self.flat_grad = torch.cat([g.detach().reshape(-1) for g in grads])
-        self.grads = [v.view(p.shape) for v, p in zip(self.flat_grad.split(self.sizes), self.params)]
+        self.grads = self.split(self.flat_grad)
         self.cfg = cfg
         self.seed = seed
-        self.sigmas = _noise_scales(segment_sums(self.flat_grad.abs(), self.sizes).tolist(), self.sizes, cfg.noise,
-                                    cfg.noise_scale)
+        self.sigmas = noise_scales(self.flat_grad, self.sizes, cfg.noise, cfg.noise_scale)
         self.is_mle = [self._component(k) for k in range(cfg.num_candidates)]
         self._backup: Optional[List[Tensor]] = None
         self._scratch: Optional[Tensor] = None
@@ -385,7 +379,7 @@ class ParameterSearch:
 
     def split(self, flat: Tensor) -> List[Tensor]:
         """A flat (P,) vector as per-parameter views (shapes of ``params``)."""
-        return [v.view(p.shape) for v, p in zip(flat.split([p.numel() for p in self.params]), self.params)]
+        return [v.view(p.shape) for v, p in zip(flat.split(self.sizes), self.params)]
 
     def direction(self, weights: Tensor) -> List[Tensor]:
         """Delta = sum_k w_k Delta_k, tensor by tensor (weights: (K,)), as

@@ -192,7 +192,7 @@ class MGSCriterion(FairseqCriterion):
             self.batched = False
         return self.batched
 
-    def _parameter_sets(self, module, params, search):
+    def _parameter_sets(self, params, search):
         """(theta and its K perturbations as parameter sets, the candidates' log q and norms):
         written into a buffer kept between updates (its per-parameter views too); parameters
         not trained are shared by all sets."""
@@ -207,25 +207,33 @@ class MGSCriterion(FairseqCriterion):
         _, infos = search.stacked(out=buffer)
         return ParameterSets(count, lambda p: views[p] if p in views else p.detach().expand(count, *p.shape)), infos
 
+    def _sampling_generator(self, device, seed: int) -> Optional[torch.Generator]:
+        """With ``--mgs-decoder sample``, a generator every candidate's decode starts from
+        afresh (theta's and each theta + Delta_k's draw the same numbers); else None. It lives
+        where the probabilities do."""
+        if self.decode_cfg.strategy != "sample":
+            return None
+        return torch.Generator(device).manual_seed(mix_seed(seed, 0x5EED))
+
     def _costs_together(self, module, sample, params, search, device):
         """(C(theta), the K candidates' costs, their log q and norms) from one grouped decode
-        (sampling: every set draws from a generator seeded as the sequential decodes' are)."""
-        sets, infos = self._parameter_sets(module, params, search)
+        (sampling: every set draws from its own ``_sampling_generator``)."""
+        sets, infos = self._parameter_sets(params, search)
         gens = None
         if self.decode_cfg.strategy == "sample":
-            gens = [torch.Generator(device).manual_seed(mix_seed(search.seed, 0x5EED)) for _ in range(sets.count)]
+            gens = [self._sampling_generator(device, search.seed) for _ in range(sets.count)]
         groups, batch = self.scorer.decode_grouped(module, sample, self.decode_cfg, sets, gens)
         hyps = [h for cand in groups for h in cand.as_list()]
         total, _ = self.scorer.score(hyps, torch.cat([cand.source_index for cand in groups]), batch)
         means = pooled_means(total.view(sets.count, -1))
         return float(means[0]), means[1:].tolist(), [i["log_q"] for i in infos], [i["norm"] for i in infos]
 
-    def _costs_one_by_one(self, module, sample, search, device, gen):
+    def _costs_one_by_one(self, module, sample, search, device):
         """(the K candidates' costs, their log q and norms), theta perturbed in place for each."""
         costs, log_qs, norms = [], [], []
         for k in range(self.proposal.num_candidates):
             with search.perturbed(k) as info:
-                gen = torch.Generator(device).manual_seed(mix_seed(search.seed, 0x5EED)) if gen is not None else None
+                gen = self._sampling_generator(device, search.seed)
                 ck, _, _ = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
             costs.append(float(ck))
             log_qs.append(info["log_q"])
@@ -241,8 +249,8 @@ class MGSCriterion(FairseqCriterion):
         seed = self._step_seed()
         device = next(module.parameters()).device  # a sampling generator must live where the probabilities do
         batched = self._batched_for(module)
-        gen = torch.Generator(device).manual_seed(mix_seed(seed, 0x5EED)) if self.decode_cfg.strategy == "sample" else None
         if not batched:
+            gen = self._sampling_generator(device, seed)
             c0 = float(self._pooled_cost(module, sample, self.decode_cfg, generator=gen)[0])
         params, grads, nll_sum, ntokens = self._mle_gradient(module, sample)
         grad_norm = clip_grad_([grads], self.mle_clip)
@@ -251,7 +259,7 @@ class MGSCriterion(FairseqCriterion):
         if batched:
             c0, costs, log_qs, norms = self._costs_together(module, sample, params, search, device)
         else:
-            costs, log_qs, norms = self._costs_one_by_one(module, sample, search, device, gen)
+            costs, log_qs, norms = self._costs_one_by_one(module, sample, search, device)
         costs_t = torch.tensor(costs, dtype=torch.float64)
         log_q_t = torch.tensor(log_qs, dtype=torch.float64)
 

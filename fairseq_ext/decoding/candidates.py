@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+from fairseq.data import data_utils
 from torch import Tensor
 
 from fairseq_ext.core.constraints import CONSTRAINT, OneOf, ParameterError, above, at_least, check_fields, constraint_of
@@ -246,6 +247,7 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_
     groups = sets.count if sets is not None else 1
     step_fn = TransformerStep(model, encoder_out, expand, total_steps, *((sets.stack, groups) if sets else ()))
     sampling = cfg.strategy == "sample"
+    options = dict(sample=True, temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp)
     n_sampled = rows - (expand.numel() // (n + 1) if greedy_rows else 0)  # the sampled rows come first
 
     # the running rows' state (row r of it is original row orig[r]); results of rows that
@@ -268,19 +270,17 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_
         free = prefix[:, step].eq(pad) if step < n_forced else None
         gen = ~done if free is None else ~done & free
         if sampling and groups > 1:  # each set's live free rows from its own generator, as if decoded alone
-            options = dict(sample=True, temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp)
             chosen, per = torch.full_like(tokens, eos), tokens.numel() // groups
             for g in range(groups):
                 idx = gen[g * per:(g + 1) * per].nonzero().squeeze(1) + g * per
                 chosen[idx] = choose_tokens(lprobs[idx], generator=generator[g], **options)
         elif sampling:  # draws for the live free rows only, in row order: the random numbers of fairseq's path
-            options = dict(sample=True, temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp, generator=generator)
             if free is None and not any_done and n_sampled == rows:
-                chosen = choose_tokens(lprobs, **options)
+                chosen = choose_tokens(lprobs, generator=generator, **options)
             else:  # (a greedy row takes its argmax)
                 idx = (gen & orig.lt(n_sampled)).nonzero().squeeze(1)
                 chosen = lprobs.argmax(-1) if n_sampled < rows else torch.full_like(tokens, eos)
-                chosen[idx] = choose_tokens(lprobs[idx], **options)
+                chosen[idx] = choose_tokens(lprobs[idx], generator=generator, **options)
         else:
             chosen = lprobs.argmax(-1)
         if free is not None:
@@ -476,14 +476,10 @@ def pad_columns(tokens: Tensor, width: int, pad: int) -> Tensor:
 def _padded(hyps, pad: int, device) -> Tensor:
     """Hypotheses as one right-padded (N, W >= 1) LongTensor: a list of 1-D tensors, or
     already a tensor (any padding)."""
-    if isinstance(hyps, Tensor):
-        tokens = _left_aligned(hyps.to(device), pad)
-        return tokens if tokens.size(1) > 0 else tokens.new_full((tokens.size(0), 1), pad)
-    width = max((len(h) for h in hyps), default=0)
-    tokens = torch.full((len(hyps), max(width, 1)), pad, dtype=torch.long, device=device)
-    for i, h in enumerate(hyps):
-        tokens[i, : len(h)] = h
-    return tokens
+    if not isinstance(hyps, Tensor):
+        hyps = data_utils.collate_tokens(hyps, pad) if len(hyps) else torch.zeros(0, 0, dtype=torch.long)
+    tokens = _left_aligned(hyps.to(device), pad)
+    return tokens if tokens.size(1) > 0 else tokens.new_full((tokens.size(0), 1), pad)
 
 
 def sequence_log_probs(
