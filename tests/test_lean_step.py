@@ -252,13 +252,13 @@ def test_samples_and_greedy_in_one_decode_equal_two_decodes_on_fairseqs_path(tra
 def test_rows_that_finish_leave_the_caches_together(translation, language_model, which, eos_bias, monkeypatch):
     """EOS made likelier (a bias on its output row, not a hook: the step reads parameters),
     so rows finish at different steps: once at most half still run, the finished ones leave
-    every cache together (TransformerStep.keep); tokens and scores stay fairseq's path's,
+    every cache together (TransformerStep.reorder); tokens and scores stay fairseq's path's,
     greedy and sampled, after a forced prefix too."""
     task, model = translation if which == "transformer" else language_model
     model = _eos_biased(model, task, eos_bias)
     kept = []
-    keep = TransformerStep.keep
-    monkeypatch.setattr(TransformerStep, "keep", lambda self, index: (kept.append(index.numel()), keep(self, index)))
+    keep = TransformerStep.reorder
+    monkeypatch.setattr(TransformerStep, "reorder", lambda self, index: (kept.append(index.numel()), keep(self, index)))
     for cfg in (dict(), dict(strategy="sample", num_candidates=3)):
         _, _, (lean, ref) = _decode_both(task, model, cfg)
         assert torch.equal(lean.tokens, ref.tokens) and torch.equal(lean.finished, ref.finished)
@@ -342,8 +342,8 @@ def test_grouped_decode_equals_each_sets_decode_on_fairseqs_path(translation, la
     leave the caches (EOS biases 2-4), a row leaving only once it finished in every set."""
     task, biased = translation if which == "transformer" else language_model
     kept = []
-    keep = TransformerStep.keep
-    monkeypatch.setattr(TransformerStep, "keep", lambda self, index: (kept.append(index.numel()), keep(self, index)))
+    keep = TransformerStep.reorder
+    monkeypatch.setattr(TransformerStep, "reorder", lambda self, index: (kept.append(index.numel()), keep(self, index)))
     sample = _batch(task, 12)
     batch, prefix = BatchScorer(task, "edit").decode_inputs(sample, task.target_dictionary)
     for eos_bias, cfg in ((0.0, dict()), (2.0, dict()), (3.0, dict()), (4.0, dict()),
@@ -408,3 +408,53 @@ def test_scheduled_sampling_pass_equals_fairseqs_incremental_pass(translation, s
     for a, b in zip(lean_grads, ref_grads):
         assert (a - b).abs().max().item() <= tol * max(b.abs().max().item(), 1.0)
     assert fed.any() and ref_logits[real].abs().max().item() > 1
+
+
+@pytest.mark.parametrize("hard,open_length", [(False, False), (False, True), (True, True)],
+                         ids=["soft", "soft, open length", "hard, open length"])
+def test_beam_search_equals_its_search_on_fairseqs_path(translation, softmax_in_dtype, hard, open_length):
+    """The soft beam (and the hard one) on the differentiable static-cache step against the
+    same search on fairseq's incremental path (the embedding hook, ``SoftReorder``), in
+    train mode (dropout 0.1) for each dropout mode, both from the same random state:
+    final scores, costs, hypotheses, and the gradient of the direct loss with respect to
+    every parameter, float64 to 1e-10. Sentences of different horizons leave the batch
+    at different steps; with ``open_length`` elements finish at EOS."""
+    from fairseq_ext.core.soft_beam import hamming_step_costs, open_length_hamming_costs, soft_beam_loss
+    from fairseq_ext.decoding.soft_beam import DROPOUT_MODES, run_beam
+
+    task, model = translation
+    model = copy.deepcopy(model).double().train()
+    sample = _batch(task, 6)
+    d = task.target_dictionary
+    target = sample["target"]
+    horizon = target.ne(d.pad()).sum(1) + (2 if open_length else 0)
+    assert horizon.unique().numel() > 2
+    if open_length:
+        costs = open_length_hamming_costs(target, int(horizon.max()), len(d), d.eos(), d.pad())
+    else:
+        costs = hamming_step_costs(target, len(d), ignore_index=d.pad())
+    compared = 0
+    for dropout in DROPOUT_MODES:
+        out = []
+        for lean in (True, False):
+            torch.manual_seed(0)
+            model.zero_grad(set_to_none=True)
+            result = run_beam(model, sample["net_input"], horizon, 3, alpha=10.0, step_costs=costs, hard=hard,
+                              stop_at_eos=open_length, dropout=dropout, lean=lean)
+            soft_beam_loss(result.scores, result.costs, 10.0).sum().backward()
+            out.append((result, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+        (lean_result, lean_grads), (ref_result, ref_grads) = out
+        finite = torch.isfinite(ref_result.scores)
+        assert torch.equal(finite, torch.isfinite(lean_result.scores)) and finite.any()
+        assert (lean_result.scores - ref_result.scores)[finite].abs().max().item() < 1e-10, dropout
+        assert (lean_result.costs - ref_result.costs)[finite].abs().max().item() < 1e-10, dropout
+        # hypotheses: of the sentences whose elements end with distinct scores (elements the soft
+        # backpointers made equal stay equal, and their hard outputs are ties broken by rounding)
+        gaps = ref_result.scores.sort(-1).values.diff(dim=-1).nan_to_num(1.0)
+        distinct = gaps.gt(1e-6).all(-1)
+        assert torch.equal(lean_result.tokens[distinct], ref_result.tokens[distinct]), dropout
+        compared += int(distinct.sum())
+        assert lean_grads.keys() == ref_grads.keys() and len(ref_grads) > 10
+        for name, g in ref_grads.items():
+            assert (lean_grads[name] - g).abs().max().item() <= 1e-10 * max(g.abs().max().item(), 1.0), (dropout, name)
+    assert compared >= 3

@@ -237,7 +237,7 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_
                            sets: Optional[ParameterSets] = None) -> Candidates:
     """As ``_greedy_or_sample``, with ``TransformerStep``: a row that finished is fed EOS
     and its outputs are ignored; once at most half of the rows still run, the finished
-    ones leave every cache at once (``TransformerStep.keep``), their results kept.
+    ones leave every cache at once (``TransformerStep.reorder``), their results kept.
     ``greedy_rows``: one greedy row per input after the B x n rows (``decode_with_greedy``).
     ``sets``: G blocks of rows, one per parameter set (``decode_grouped``; ``generator``
     then one per set); a row leaves when its counterparts in every block finished."""
@@ -307,7 +307,7 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_
             state = {k: v.index_select(0, live) for k, v in state.items()}
             orig, done, tokens = orig[live], done[live], tokens[live]
             prefix = prefix[live] if prefix is not None else None
-            step_fn.keep(live)
+            step_fn.reorder(live)
             any_done = groups > 1 and bool(done.any())  # a block's row stays while its counterparts run
     for k, v in state.items():
         final[k].index_copy_(0, orig, v)

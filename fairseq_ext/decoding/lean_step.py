@@ -9,7 +9,7 @@ checkpoint needs no conversion): key/value caches preallocated for the whole dec
 and written in place, the encoder's keys and values projected once, one fused
 projection for the self-attention's queries, keys and values, matrix products on
 pre-transposed weights, and finished rows masked by the caller, removed only
-rarely (``keep``: once at most half of the rows are still running). It serves
+rarely (``reorder``: once at most half of the rows are still running). It serves
 ``transformer`` (encoder-decoder) and ``transformer_lm`` (decoder-only) models.
 
 It follows fairseq's full teacher-forced forward, also where fairseq's own
@@ -30,24 +30,25 @@ import logging
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 logger = logging.getLogger(__name__)
 _FALLBACK_LOGGED = set()
 
 
-def _attend(q: Tensor, keys_t: Tensor, values: Tensor, bias: Tensor, scale: float, dropout: float = 0.0) -> Tensor:
+def _attend(q: Tensor, keys_t: Tensor, values: Tensor, bias: Tensor, scale: float, dropout=None) -> Tensor:
     """softmax(scale q k^T + bias) v over (N*H) rows: q (N*H, 1, d), keys_t (N*H, d, S),
-    values (N*H, S, d), bias (N*H, 1, S) (0, or -inf for a masked key); ``dropout`` on the
-    attention probabilities."""
+    values (N*H, S, d), bias (N*H, 1, S) (0, or -inf for a masked key); ``dropout`` (a
+    module or None) on the attention probabilities."""
     probs = torch.softmax(torch.baddbmm(bias, q, keys_t, alpha=scale), dim=-1)
     return torch.bmm(_dropout(probs, dropout), values)
 
 
-def _dropout(x: Tensor, p: float) -> Tensor:
-    """fairseq's dropout (``FairseqDropout`` in train mode) with probability p > 0, else x."""
-    return F.dropout(x, p=p, training=True) if p > 0 else x
+def _dropout(x: Tensor, module) -> Tensor:
+    """The decoder's own dropout module on x (None: no dropout). Calling the module, not
+    ``F.dropout``, keeps whatever its caller made of it (the soft beam's masks shared
+    over a sentence's beam)."""
+    return module(x) if module is not None else x
 
 
 def unsupported_reason(decoder) -> Optional[str]:
@@ -128,13 +129,15 @@ class TransformerStep:
         equal blocks, block g decoded with set g (its encoder output among ``encoder_out``'s
         inputs, as ``expand`` says). None: the model's own parameters.
     differentiable: steps that autograd differentiates (the caches grow by concatenation
-        instead of being written in place; no ``keep``), with the decoder's dropout where
-        it is in train mode, drawn in the order and shapes of fairseq's incremental path
+        instead of being written in place), with the decoder's dropout modules where it is
+        in train mode, called in the order and on the shapes of fairseq's incremental path
         (the same masks for the same random state). For decoding under gradients:
-        scheduled sampling's left-to-right pass.
+        scheduled sampling's left-to-right pass, the soft beam (``mix``).
 
     ``step(tokens)`` feeds (rows,) tokens at the next position and returns the next
     tokens' log-probabilities, (rows, V) float32; the first call feeds the BOS.
+    ``reorder(index)`` reorders (keeps, repeats) the rows, ``mix(weights, sentences)``
+    mixes them (the soft beam's soft backpointers).
     """
 
     def __init__(self, model, encoder_out: Optional[Dict[str, List[Tensor]]], expand: Tensor, max_steps: int,
@@ -170,15 +173,19 @@ class TransformerStep:
         # key is masked by -inf in the bias (per row, repeated over the heads)
         self.differentiable = differentiable
         if differentiable:  # per layer (rows * heads, steps so far, head_dim) keys and values
-            self.grown: List[Optional[Tuple[Tensor, Tensor]]] = [None] * len(layers)
+            # per layer (rows * heads, steps so far, 2 * head_dim): each key beside its value
+            self.grown: List[Optional[Tensor]] = [None] * len(layers)
             self.self_bias = torch.zeros(rows * h, 1, 0, dtype=dtype, device=device)
         else:
             self.kv = torch.zeros(len(layers), 2, rows, h, max_steps, d, dtype=dtype, device=device)
             self.self_bias = torch.zeros(rows, h, 1, max_steps, dtype=dtype, device=device)
             self._cache_views()
         self.zeros = torch.zeros(rows, dtype=dtype, device=device)
-        training = differentiable and decoder.training  # dropout probabilities (0: none drawn)
-        self.p_embed = decoder.dropout_module.p if training else 0.0
+        training = differentiable and decoder.training
+
+        def drop(module):  # the dropout modules that draw (None: none drawn)
+            return module if training and module.p > 0 else None
+        self.drop_embed = drop(decoder.dropout_module)
 
         enc, self.enc_bias = None, None
         if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
@@ -192,21 +199,18 @@ class TransformerStep:
         self.layers = []
         for layer in layers:
             sa = layer.self_attn
-            qkv = [self._t(proj) for proj in (sa.q_proj, sa.k_proj, sa.v_proj)]
-            qkv_b = torch.cat([b for _, b in qkv], -1) if all(b is not None for _, b in qkv) else None
             p = {"pre": layer.normalize_before, "sa_ln": self._norm(layer.self_attn_layer_norm),
-                 "qkv": (torch.cat([w for w, _ in qkv], -1), qkv_b), "sa_out": self._t(sa.out_proj),
+                 "qkv": self._qkv(sa), "sa_out": self._t(sa.out_proj),
                  "ffn_ln": self._norm(layer.final_layer_norm), "fc1": self._t(layer.fc1), "fc2": self._t(layer.fc2),
-                 "act": layer.activation_fn, "ea": None,
-                 "p_sa": sa.dropout_module.p if training else 0.0, "p": layer.dropout_module.p if training else 0.0,
-                 "p_act": layer.activation_dropout_module.p if training else 0.0}
+                 "act": layer.activation_fn, "ea": None, "drop_sa": drop(sa.dropout_module),
+                 "drop": drop(layer.dropout_module), "drop_act": drop(layer.activation_dropout_module)}
             ea = layer.encoder_attn
             if ea is not None and enc is not None:
                 flat = enc.reshape(rows * s_len, -1)
                 k = _mm(flat, *self._t(ea.k_proj)).view(rows, s_len, h, d)
                 v = _mm(flat, *self._t(ea.v_proj)).view(rows, s_len, h, d)
                 p["ea"] = {"ln": self._norm(layer.encoder_attn_layer_norm), "q": self._t(ea.q_proj),
-                           "out": self._t(ea.out_proj), "p": ea.dropout_module.p if training else 0.0,
+                           "out": self._t(ea.out_proj), "drop": drop(ea.dropout_module),
                            "keys_t": k.permute(0, 2, 3, 1).reshape(rows * h, d, s_len),
                            "values": v.transpose(1, 2).reshape(rows * h, s_len, d)}
             self.layers.append(p)
@@ -226,6 +230,18 @@ class TransformerStep:
             return w.t().contiguous(), b
         return w.transpose(1, 2), (b[:, None] if b is not None else None)
 
+    def _qkv(self, attn) -> Tuple[Tensor, Optional[Tensor]]:
+        """The self-attention's query, key and value projections as one, ``_t``'s form, its
+        outputs ordered by head: (head, query / key / value, head_dim), so that a head's
+        query, and its key beside its value, are views of the product."""
+        parts = [self._t(proj) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)]
+        h, d = self.heads, self.head_dim
+
+        def by_head(ts):  # three (..., h * d) -> (..., h * 3 * d)
+            return torch.stack([t.unflatten(-1, (h, d)) for t in ts], -2).flatten(-3)
+        biases = [b for _, b in parts]
+        return by_head([w for w, _ in parts]), (by_head(biases) if all(b is not None for b in biases) else None)
+
     def _norm(self, ln) -> Optional[Tuple]:
         """(shape, weight, bias, eps) of a LayerNorm for ``_ln`` (None for no LayerNorm)."""
         if ln is None:
@@ -243,48 +259,70 @@ class TransformerStep:
         self.values = [self.kv[i, 1].view(rows * h, steps, d) for i in range(layers)]
         self.self_bias_3d = self.self_bias.view(rows * h, 1, steps)
 
-    def keep(self, index: Tensor) -> None:
-        """Keep only the rows ``index`` (in that order): a compaction of every cache, done
-        rarely (each copies the caches), to stop computing rows that finished."""
-        if self.differentiable:
-            raise ValueError("a differentiable step keeps its rows")
+    def reorder(self, index: Tensor) -> None:
+        """Row i becomes the old row ``index[i]``, in every per-row state: keeping some rows
+        (a compaction, done rarely: each copies the caches, to stop computing rows that
+        finished), repeating them (a beam's expansion) or following backpointers."""
         n_old, h, n = self.rows, self.heads, index.numel()
         if n % self.groups:
-            raise ValueError(f"keeping {n} rows breaks the {self.groups} equal blocks of the parameter sets")
+            raise ValueError(f"{n} rows break the {self.groups} equal blocks of the parameter sets")
         self.rows = n
         self.count, self.zeros = self.count.index_select(0, index), self.zeros.index_select(0, index)
         if self.offsets is not None:
             self.offsets = tuple(o.index_select(0, index) for o in self.offsets)
-        self.kv = self.kv.index_select(2, index)
-        self.self_bias = self.self_bias.index_select(0, index)
-        self._cache_views()
 
         def rows_of(t: Tensor) -> Tensor:  # (n_old * h, ...) -> (n * h, ...)
             return t.view(n_old, h, *t.shape[1:]).index_select(0, index).view(n * h, *t.shape[1:])
+        if self.differentiable:
+            self.self_bias = rows_of(self.self_bias)
+            self.grown = [None if kv is None else rows_of(kv) for kv in self.grown]
+        else:
+            self.kv = self.kv.index_select(2, index)
+            self.self_bias = self.self_bias.index_select(0, index)
+            self._cache_views()
         if self.enc_bias is not None:
             self.enc_bias = rows_of(self.enc_bias)
         for p in self.layers:
             if p["ea"] is not None:
                 p["ea"]["keys_t"], p["ea"]["values"] = rows_of(p["ea"]["keys_t"]), rows_of(p["ea"]["values"])
 
+    def mix(self, weights: Tensor, sentences: int) -> None:
+        """The soft beam's reorder (differentiable step): the rows are ``sentences`` groups
+        of K (the beams of a sentence); new row r is sum_j weights[r, j] x row j of r's
+        sentence, weights (rows, K) row-stochastic. Every layer's self-attention keys and
+        values are mixed by one batched product. The rest of the per-row state (the
+        encoder's keys, values and padding; the positions and padding of the tokens fed)
+        must be the same for a sentence's rows, as it is in a beam search (one source, the
+        same number of tokens fed, none of them padding): it stays as it is."""
+        if not self.differentiable:
+            raise ValueError("mixing rows needs the differentiable step")
+        rows, K = weights.shape
+        if rows != self.rows or rows != sentences * K:
+            raise ValueError(f"mixing {self.rows} rows: weights {tuple(weights.shape)} for {sentences} sentences")
+        h = self.heads
+        caches = self.grown  # (sentences * K * h, t, 2 * d) each
+        together = torch.cat([c.view(sentences, K, -1) for c in caches], 2)
+        mixed = torch.bmm(weights.view(sentences, K, K).to(together.dtype), together)
+        self.grown = [part.reshape(rows * h, *c.shape[1:])
+                      for part, c in zip(mixed.split([c[0].numel() * h for c in caches], 2), caches)]
+
     def _self_attention(self, i: int, x: Tensor, p: Dict) -> Tensor:
         n, h, d, t = self.rows, self.heads, self.head_dim, self.t
-        qkv = _mm(x, *p["qkv"]).view(n, 3, h, d)
-        q = qkv[:, 0].reshape(n * h, 1, d)
+        qkv = _mm(x, *p["qkv"]).view(n, h, 3, d)  # per head its query, key and value (``_qkv``)
+        q = qkv[:, :, 0].reshape(n * h, 1, d)  # views: no copy
         if self.differentiable:
-            k, v = qkv[:, 1].reshape(n * h, 1, d), qkv[:, 2].reshape(n * h, 1, d)
-            if self.grown[i] is not None:
-                k, v = torch.cat([self.grown[i][0], k], 1), torch.cat([self.grown[i][1], v], 1)
-            self.grown[i] = (k, v)
-            return _attend(q, k.transpose(1, 2), v, self.self_bias, self.scale, p["p_sa"]).view(n, h * d)
-        self.kv[i, :, :, :, t] = qkv[:, 1:].transpose(0, 1)
+            kv = qkv[:, :, 1:].reshape(n * h, 1, 2 * d)
+            kv = self.grown[i] = kv if self.grown[i] is None else torch.cat([self.grown[i], kv], 1)
+            return _attend(q, kv[..., :d].transpose(1, 2), kv[..., d:], self.self_bias, self.scale,
+                           p["drop_sa"]).view(n, h * d)
+        self.kv[i, :, :, :, t] = qkv[:, :, 1:].permute(2, 0, 1, 3)
         keys_t = self.keys[i][:, : t + 1].transpose(1, 2)
         return _attend(q, keys_t, self.values[i][:, : t + 1], self.self_bias_3d[..., : t + 1], self.scale).view(n, h * d)
 
     def _encoder_attention(self, x: Tensor, ea: Dict) -> Tensor:
         n = self.rows
         q = _mm(x, *ea["q"]).view(n * self.heads, 1, self.head_dim)
-        return _attend(q, ea["keys_t"], ea["values"], self.enc_bias, self.scale, ea["p"]).view(n, -1)
+        return _attend(q, ea["keys_t"], ea["values"], self.enc_bias, self.scale, ea["drop"]).view(n, -1)
 
     def step(self, tokens: Tensor) -> Tensor:
         """Feed (rows,) tokens at the next position; (rows, V) float32 log-probabilities."""
@@ -292,8 +330,9 @@ class TransformerStep:
 
     def logits(self, tokens: Tensor, embeds: Optional[Tensor] = None, replace: Optional[Tensor] = None) -> Tensor:
         """Feed (rows,) tokens at the next position; (rows, V) output scores in the model's dtype.
-        ``embeds`` (rows, E), ``replace`` (rows,) bool: where ``replace``, the row's token
-        embedding (before any scaling) is ``embeds``' row instead (a soft input)."""
+        ``embeds`` (rows, E), ``replace`` (rows,) bool: where ``replace`` (every row where it is
+        None), the row's token embedding (before any scaling) is ``embeds``' row instead (a
+        soft input); the tokens still count as tokens (positions, padding)."""
         d = self.decoder
         nonpad = tokens.ne(self.pad)
         self.count += nonpad
@@ -306,9 +345,12 @@ class TransformerStep:
         position = self.count * nonpad
         if self.offsets is not None:
             tokens, position = tokens + self.offsets[0], position + self.offsets[1]
-        x = self.embed.index_select(0, tokens)
-        if replace is not None:
-            x = torch.where(replace[:, None], embeds.to(x.dtype), x)
+        if embeds is not None and replace is None:
+            x = embeds.to(self.embed.dtype)
+        else:
+            x = self.embed.index_select(0, tokens)
+            if replace is not None:
+                x = torch.where(replace[:, None], embeds.to(x.dtype), x)
         if d.embed_scale != 1:
             x = x * d.embed_scale
         if self.project_in is not None:
@@ -316,22 +358,22 @@ class TransformerStep:
         x = x + self.positions.index_select(0, position)
         if self.layernorm_embedding is not None:
             x = _ln(x, self.layernorm_embedding)
-        x = _dropout(x, self.p_embed)
+        x = _dropout(x, self.drop_embed)
         for i, p in enumerate(self.layers):
             pre = p["pre"]
             residual = x
             x = _ln(x, p["sa_ln"]) if pre else x
-            x = residual + _dropout(_mm(self._self_attention(i, x, p), *p["sa_out"]), p["p"])
+            x = residual + _dropout(_mm(self._self_attention(i, x, p), *p["sa_out"]), p["drop"])
             x = x if pre else _ln(x, p["sa_ln"])
             ea = p["ea"]
             if ea is not None:
                 residual = x
                 x = _ln(x, ea["ln"]) if pre else x
-                x = residual + _dropout(_mm(self._encoder_attention(x, ea), *ea["out"]), p["p"])
+                x = residual + _dropout(_mm(self._encoder_attention(x, ea), *ea["out"]), p["drop"])
                 x = x if pre else _ln(x, ea["ln"])
             residual = x
             x = _ln(x, p["ffn_ln"]) if pre else x
-            x = residual + _dropout(_mm(_dropout(p["act"](_mm(x, *p["fc1"])), p["p_act"]), *p["fc2"]), p["p"])
+            x = residual + _dropout(_mm(_dropout(p["act"](_mm(x, *p["fc1"])), p["drop_act"]), *p["fc2"]), p["drop"])
             x = x if pre else _ln(x, p["ffn_ln"])
         if self.layer_norm is not None:
             x = _ln(x, self.layer_norm)

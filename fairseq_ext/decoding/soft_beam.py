@@ -3,9 +3,14 @@ Algorithm 3), and the hard beam search it tends to as alpha -> inf.
 
 The decoder runs incrementally on B x k rows (sentence-major, beam-minor, as in
 fairseq). At every step its scores feed ``core.soft_beam.soft_beam_step``; the next
-input of element i is the soft output a_i^T E, fed through the embedding hook of
-``soft_inputs``, and the decoder's whole incremental state is mixed by the soft
-backpointers (``SoftReorder``). ``hard=True`` runs the discrete beam instead
+input of element i is the soft output a_i^T E, and the decoder's whole incremental
+state is mixed by the soft backpointers. fairseq's ``transformer`` decoder runs on the
+differentiable static-cache step (``lean_step.TransformerStep``: the soft input in
+place of a token embedding, every layer's keys and values mixed by one batched
+product); other decoders (``lstm``, ``tagging_lstm``) run fairseq's incremental path,
+the soft input fed through the embedding hook of ``soft_inputs`` and the state mixed
+by ``SoftReorder``. The two paths compute the same search (tested: scores, costs,
+hypotheses and gradients, dropout masks included). ``hard=True`` runs the discrete beam instead
 (exact top-k, index reorders, token inputs): the alpha -> inf limit, and a beam
 search that ranks by raw scores when ``normalization="global"``.
 
@@ -51,6 +56,7 @@ from torch import Tensor
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import above
 from fairseq_ext.core.soft_beam import hard_beam_step, soft_beam_step
+from fairseq_ext.decoding.lean_step import TransformerStep, use_step
 from fairseq_ext.decoding.soft_inputs import (
     EmbeddingOverride,
     SoftReorder,
@@ -164,6 +170,7 @@ def run_beam(
     hard: bool = False,
     stop_at_eos: bool = False,
     dropout: str = "independent",
+    lean: bool = True,
 ) -> BeamResult:
     """Soft (Algorithm 3) or hard (Algorithm 1) beam search for a batch.
 
@@ -171,18 +178,19 @@ def run_beam(
     included). step_costs: (B, T, V) d_t(w) (Hamming, see
     ``core.soft_beam.hamming_step_costs``), T = max horizon; accumulated into the
     costs, and added to the candidate scores when ``augment``. dropout:
-    ``independent``, ``shared`` or ``none`` (module docstring).
+    ``independent``, ``shared`` or ``none`` (module docstring). lean: the static-cache
+    step where it covers the decoder (False: fairseq's incremental path always).
     """
     if dropout not in DROPOUT_MODES:
         raise ValueError(f"dropout must be one of {DROPOUT_MODES}, got {dropout!r}")
     with _search_dropout(model, dropout, net_input["src_tokens"].size(0), beam) as dropout_rows:
         return _run_beam(model, net_input, horizon, beam, alpha, normalization, step_costs, augment, hard,
-                         stop_at_eos, dropout_rows)
+                         stop_at_eos, dropout_rows, lean)
 
 
 def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, alpha: float, normalization: str,
               step_costs: Optional[Tensor], augment: bool, hard: bool, stop_at_eos: bool,
-              dropout_rows: Dict[str, int]) -> BeamResult:
+              dropout_rows: Dict[str, int], lean: bool) -> BeamResult:
     """The search. Step 0 runs the decoder once per sentence (K = 1: every beam
     element starts from the same empty prefix, and elements 1..k-1 are dead until
     the first step fills them) and the first reorder expands its state to k rows;
@@ -200,14 +208,13 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
     embedding = decoder_embedding(decoder)
     src = net_input["src_tokens"]
     B, k, device = src.size(0), beam, src.device
-    first_encoder_out = model.encoder(src, src_lengths=net_input.get("src_lengths"))
-    beam_rows = torch.arange(B, device=device).repeat_interleave(k)
-    encoder_out = model.encoder.reorder_encoder_out(first_encoder_out, beam_rows)
     dictionary = decoder.dictionary
     # one row per sentence at step 0, unless k exceeds the candidates of one row
     K = 1 if k <= len(dictionary) else k
+    first_encoder_out = model.encoder(src, src_lengths=net_input.get("src_lengths"))
+    beam_rows = torch.arange(B, device=device).repeat_interleave(k)
     if K == k:
-        first_encoder_out = encoder_out
+        first_encoder_out = model.encoder.reorder_encoder_out(first_encoder_out, beam_rows)
     eos, pad = dictionary.eos(), dictionary.pad()
     banned = torch.zeros(len(dictionary), dtype=torch.bool, device=device)  # special symbols but EOS
     banned[[dictionary.bos(), pad, dictionary.unk()]] = True
@@ -229,18 +236,31 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
     live = torch.arange(B, device=device)
     live_scores, live_costs, live_horizon, live_step_costs = scores, costs, horizon, step_costs
     finished = torch.zeros(B, k, dtype=torch.bool, device=device)
-    reorder = SoftReorder(decoder)
     state: Dict = {}
+    # the static-cache step (it holds the encoder's part of every row's state), built before
+    # the embedding hook, which it would take for a user's hook
+    lean_step = TransformerStep(model, first_encoder_out, torch.arange(B * K, device=device), T, differentiable=True
+                                ) if lean and use_step(decoder, "soft beam search") else None
+    if lean_step is not None:  # it holds the rows' encoder output
+        reorder_rows, mix_rows = lean_step.reorder, lean_step.mix
+    else:
+        encoder_out = first_encoder_out if K == k else model.encoder.reorder_encoder_out(first_encoder_out, beam_rows)
+        reorder_rows = functools.partial(decoder.reorder_incremental_state_scripting, state)
+        mix_rows = functools.partial(SoftReorder(decoder), state)
     inputs: Optional[Tensor] = None  # (n*k, E) soft inputs (the hard beam feeds tokens through prev)
     prev = torch.full((B * K, 1), eos, dtype=torch.long, device=device)
-    with EmbeddingOverride(embedding) as override:
+    with EmbeddingOverride(embedding) if lean_step is None else contextlib.nullcontext() as override:
         for t in range(T):
             n = live.numel()
-            if t > 0 and not hard:
-                override.set(torch.ones(n * k, 1, dtype=torch.bool, device=device), inputs.unsqueeze(1))
+            soft_input = t > 0 and not hard
             dropout_rows["beam"], dropout_rows["sentences"] = K, n
-            logits = decoder(prev, encoder_out=first_encoder_out if t == 0 else encoder_out,
-                             incremental_state=state)[0][:, -1]
+            if lean_step is not None:
+                logits = lean_step.logits(prev[:, -1], inputs if soft_input else None)
+            else:
+                if soft_input:
+                    override.set(torch.ones(n * k, 1, dtype=torch.bool, device=device), inputs.unsqueeze(1))
+                logits = decoder(prev, encoder_out=first_encoder_out if t == 0 else encoder_out,
+                                 incremental_state=state)[0][:, -1]
             dropout_rows["beam"] = k
             f = local_scores(logits, normalization).view(n, K, -1)
             if stop_at_eos:
@@ -274,7 +294,7 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
             keep = (~done).nonzero().squeeze(1)
             if hard:
                 order = (keep.view(-1, 1) * K + step.hard_backpointers[keep]).view(-1)
-                decoder.reorder_incremental_state_scripting(state, order)
+                reorder_rows(order)
                 # finished elements (output pad) are fed EOS: their scores no longer change
                 fed = step.hard_outputs[keep].masked_fill(step.hard_outputs[keep].eq(pad), eos)
                 prev = torch.cat([prev.index_select(0, order), fed.view(-1, 1)], dim=1)
@@ -285,19 +305,20 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
                     # sum_w p_i(w) = 1 whatever the scores (no gradient), and a dead element's
                     # state is never used, so the expansion is fairseq's hard reorder
                     rows = rows.repeat_interleave(k)
-                    decoder.reorder_incremental_state_scripting(state, rows)
+                    reorder_rows(rows)
                 else:
                     if keep.numel() < n:
-                        decoder.reorder_incremental_state_scripting(state, rows)
-                    reorder(state, step.backpointers[keep].reshape(-1, k), keep.numel())
+                        reorder_rows(rows)
+                    mix_rows(step.backpointers[keep].reshape(-1, k), keep.numel())
                 with torch.autocast(device.type, enabled=False):
                     inputs = (step.outputs[keep] @ embedding.weight.to(step.outputs.dtype)).flatten(0, 1)
                 prev = prev.index_select(0, rows)
                 prev = torch.cat([prev, prev[:, -1:]], dim=1)
             K = k
-            if keep.numel() < n:
+            if keep.numel() < n and lean_step is None:
                 encoder_out = model.encoder.reorder_encoder_out(
                     encoder_out, (keep.view(-1, 1) * k + torch.arange(k, device=device)).view(-1))
+            if keep.numel() < n:
                 live, live_scores, live_costs = live[keep], live_scores[keep], live_costs[keep]
                 live_horizon, finished = live_horizon[keep], finished[keep]
                 if live_step_costs is not None:
