@@ -18,7 +18,9 @@ when counting positions (fairseq's incremental path does neither).
 
 Two variants: G parameter sets stepped together (grouped weights: MGS's theta and
 its perturbations in one decode), and a differentiable step for decoding under
-gradients (caches grown by concatenation, fairseq's dropout; DSS's exact pass).
+gradients (caches grown by concatenation, fairseq's dropout; DSS's exact pass, the
+soft beam). Under gradients each weight's gradient is one product over every
+position of the decode (``_CollectedWeight``), not one product per position summed.
 
 ``unsupported_reason(decoder)`` names what a decoder has that the step does not
 cover (adaptive input or softmax, quantisation noise, cross-self-attention,
@@ -96,9 +98,70 @@ def use_step(decoder, who: str) -> bool:
     return reason is None
 
 
-def _mm(x: Tensor, wt: Tensor, b: Optional[Tensor]) -> Tensor:
+class _Pairs:
+    """The (input, output gradient) pairs of one weight's products in a decode, kept by
+    their backward passes (``_Product``) for the weight's gradient (``_CollectedWeight``)."""
+
+    def __init__(self):
+        self.inputs: List[Tensor] = []
+        self.grads: List[Tensor] = []
+
+
+class _CollectedWeight(torch.autograd.Function):
+    """(W^T, b) as they are, for products made once per position of a decode; their
+    gradient is computed once, X^T G over the pairs every position's backward kept,
+    instead of one product per position and the sum of them. Autograd runs this
+    backward after every product's (it consumes their outputs)."""
+
+    @staticmethod
+    def forward(ctx, pairs: _Pairs, wt: Tensor, b: Optional[Tensor]):
+        ctx.set_materialize_grads(False)
+        ctx.pairs, ctx.dtypes = pairs, (wt.dtype, None if b is None else b.dtype)
+        return wt.view_as(wt), (None if b is None else b.view_as(b))
+
+    @staticmethod
+    def backward(ctx, grad_wt: Optional[Tensor], grad_b: Optional[Tensor]):
+        pairs = ctx.pairs
+        if pairs.grads:
+            g = torch.cat(pairs.grads)
+            x = torch.cat(pairs.inputs)
+            pairs.inputs, pairs.grads = [], []
+            summed = x.to(g.dtype).t().mm(g).to(ctx.dtypes[0])
+            grad_wt = summed if grad_wt is None else grad_wt + summed
+            if ctx.dtypes[1] is not None:
+                summed = g.sum(0).to(ctx.dtypes[1])
+                grad_b = summed if grad_b is None else grad_b + summed
+        return None, grad_wt, grad_b
+
+
+class _Product(torch.autograd.Function):
+    """x W^T + b of ``_CollectedWeight``'s (W^T, b): its backward gives x's gradient and
+    keeps (x, output gradient) for the weight's."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, wt: Tensor, b: Optional[Tensor], pairs: _Pairs) -> Tensor:
+        ctx.save_for_backward(x, wt)
+        ctx.pairs = pairs
+        return torch.mm(x, wt) if b is None else torch.addmm(b, x, wt)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, wt = ctx.saved_tensors
+        ctx.pairs.inputs.append(x)
+        ctx.pairs.grads.append(grad)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad.mm((wt if wt.dtype == grad.dtype else wt.to(grad.dtype)).t())
+            grad_x = grad_x if grad_x.dtype == x.dtype else grad_x.to(x.dtype)
+        return grad_x, None, None, None
+
+
+def _mm(x: Tensor, wt: Tensor, b: Optional[Tensor], pairs: Optional[_Pairs] = None) -> Tensor:
     """x W^T + b for (rows, C) x. Grouped weights (wt (G, C, C'), b (G, 1, C')): the rows
-    are G equal blocks, block g multiplied by group g's weights."""
+    are G equal blocks, block g multiplied by group g's weights. ``pairs``: (W^T, b) from
+    ``_CollectedWeight``, whose gradient is computed once for every position."""
+    if pairs is not None:
+        return _Product.apply(x, wt, b, pairs)
     if wt.dim() == 2:
         y = torch.mm(x, wt)
         return y.add_(b) if b is not None else y
@@ -172,6 +235,8 @@ class TransformerStep:
         # self-attention: keys and values of every layer and position, written in place; a <pad>
         # key is masked by -inf in the bias (per row, repeated over the heads)
         self.differentiable = differentiable
+        # under gradients, each weight's gradient once for all positions (``_CollectedWeight``)
+        self.collect = differentiable and torch.is_grad_enabled()
         if differentiable:  # per layer (rows * heads, steps so far, head_dim) keys and values
             # per layer (rows * heads, steps so far, 2 * head_dim): each key beside its value
             self.grown: List[Optional[Tensor]] = [None] * len(layers)
@@ -221,26 +286,34 @@ class TransformerStep:
         self.layernorm_embedding = self._norm(decoder.layernorm_embedding)
         self.layer_norm = self._norm(decoder.layer_norm)
 
-    def _t(self, linear) -> Tuple[Tensor, Optional[Tensor]]:
+    def _t(self, linear, collect: bool = True) -> Tuple:
         """(W^T, bias) of an nn.Linear as ``_mm`` multiplies: W^T contiguous, or, for G
-        parameter sets, (G, C, C') and (G, 1, C')."""
+        parameter sets, (G, C, C') and (G, 1, C'). Under gradients (differentiable step),
+        (W^T, bias, pairs) whose gradient ``_CollectedWeight`` computes once."""
         w, b = self.P(linear.weight), getattr(linear, "bias", None)
         b = self.P(b) if b is not None else None
-        if self.groups == 1:
-            return w.t().contiguous(), b
-        return w.transpose(1, 2), (b[:, None] if b is not None else None)
+        if self.groups > 1:
+            return w.transpose(1, 2), (b[:, None] if b is not None else None)
+        return self._collected(w.t().contiguous(), b) if collect else (w.t().contiguous(), b)
+
+    def _collected(self, wt: Tensor, b: Optional[Tensor]) -> Tuple:
+        if not self.collect:
+            return wt, b
+        pairs = _Pairs()
+        return (*_CollectedWeight.apply(pairs, wt, b), pairs)
 
     def _qkv(self, attn) -> Tuple[Tensor, Optional[Tensor]]:
         """The self-attention's query, key and value projections as one, ``_t``'s form, its
         outputs ordered by head: (head, query / key / value, head_dim), so that a head's
         query, and its key beside its value, are views of the product."""
-        parts = [self._t(proj) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)]
+        parts = [self._t(proj, collect=False) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)]
         h, d = self.heads, self.head_dim
 
         def by_head(ts):  # three (..., h * d) -> (..., h * 3 * d)
             return torch.stack([t.unflatten(-1, (h, d)) for t in ts], -2).flatten(-3)
         biases = [b for _, b in parts]
-        return by_head([w for w, _ in parts]), (by_head(biases) if all(b is not None for b in biases) else None)
+        wt, b = by_head([w for w, _ in parts]), (by_head(biases) if all(b is not None for b in biases) else None)
+        return (wt, b) if self.groups > 1 else self._collected(wt, b)
 
     def _norm(self, ln) -> Optional[Tuple]:
         """(shape, weight, bias, eps) of a LayerNorm for ``_ln`` (None for no LayerNorm)."""
