@@ -20,9 +20,10 @@ greedy baseline), ``mgs`` (K = 4 candidates, greedy decoding). Time: ``--warmup`
 untimed rounds, ``--repeats`` interleaved rounds, median, wall clock. ``--amp``: every
 step (CE's too) under ``torch.autocast`` (float16 on CUDA, bfloat16 on the CPU), as
 fairseq's ``--amp`` runs the forward and backward; without a loss scaler, which only
-multiplies. ``--compare-decoding``: each row that decodes (mrt, pg, mgs) is also
+multiplies. ``--compare-decoding``: each row that decodes (dss, the soft beam, mrt, pg, mgs) is also
 measured with fairseq's incremental decoding (``DecodeConfig.lean = False``; MGS's
-candidates then one at a time), the path the static-cache step replaced, in the same run. Printed,
+candidates then one at a time; DSS and the soft beam: the criterion's ``lean = False``),
+the path the static-cache step replaced, in the same run. Printed,
 never asserted. ``residual_nce`` (another task and model) is measured by
 ``bench_residual.py``.
 """
@@ -78,14 +79,19 @@ def build(data: str, quick: bool, device: torch.device, size: str = "small"):
     return task, model.to(device).train(), crits
 
 
-DECODING_ROWS = ("mrt 4 samples", "pg 4 samples", "mgs K=4")
+DECODING_ROWS = ("dss soft-argmax", "soft_beam_direct_loss k=3", "soft_beam_hinge k=3", "mrt 4 samples",
+                 "pg 4 samples", "mgs K=4")
 
 
 def fairseq_decoding(criterion):
-    """A copy of ``criterion`` that decodes its candidates through fairseq's incremental path
-    (``DecodeConfig.lean = False``), MGS's one candidate at a time."""
+    """A copy of ``criterion`` that decodes through fairseq's incremental path
+    (``DecodeConfig.lean = False``, or the criterion's ``lean = False``), MGS's one candidate
+    at a time."""
     other = copy.copy(criterion)
-    other.decode_cfg = dataclasses.replace(criterion.decode_cfg, lean=False)
+    if hasattr(criterion, "decode_cfg"):
+        other.decode_cfg = dataclasses.replace(criterion.decode_cfg, lean=False)
+    else:
+        other.lean = False
     if hasattr(other, "batched"):
         other.batched = False
     return other

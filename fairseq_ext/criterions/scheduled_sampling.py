@@ -87,6 +87,8 @@ class DSSConfig(FairseqDataclass):
 
 @register_criterion("differentiable_scheduled_sampling", dataclass=DSSConfig)
 class DSSCriterion(FairseqCriterion):
+    lean = True  # the static-cache step where it covers the decoder (False: fairseq's incremental path)
+
     def __init__(self, task, dss_mode="soft-argmax", dss_schedule="inverse_sigmoid", dss_schedule_unit="epoch",
                  dss_warmup=1.0, dss_decay_k=10.0, dss_decay_slope=0.1, dss_min_eps=0.0, dss_alpha=1.0,
                  dss_alpha_growth=1.0, dss_alpha_max=1e4, dss_passes=0, label_smoothing=0.0, sentence_avg=False):
@@ -136,7 +138,7 @@ class DSSCriterion(FairseqCriterion):
             logits = model(**net_input)[0]
         else:
             logits, _ = run_scheduled_sampling(model, net_input, fed, self.mode, alpha, self.passes,
-                                               make_noise_fn(self.mode))
+                                               make_noise_fn(self.mode), lean=self.lean)
         lprobs = model.get_normalized_probs((logits, None), log_probs=True)
         target = model.get_targets(sample, (logits, None))
         loss, nll_loss = label_smoothed_nll(lprobs.view(-1, lprobs.size(-1)), target.view(-1),

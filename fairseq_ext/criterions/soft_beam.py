@@ -94,6 +94,7 @@ class SoftBeamConfig(FairseqDataclass):
 
 
 class _SoftBeamCriterion(FairseqCriterion):
+    lean = True  # the static-cache step where it covers the decoder (False: fairseq's incremental path)
     hinge = False
 
     def __init__(self, task, soft_beam_size=3, soft_beam_alpha=1.0, soft_beam_alpha_schedule="fixed",
@@ -145,7 +146,7 @@ class _SoftBeamCriterion(FairseqCriterion):
             costs = hamming_step_costs(target, V, self.label_costs, self.padding_idx)
         alpha = self.alpha()
         result = run_beam(model, sample["net_input"], horizon, self.k, alpha, self.normalization, costs,
-                          augment=self.hinge, stop_at_eos=self.open_length, dropout=self.dropout)
+                          augment=self.hinge, stop_at_eos=self.open_length, dropout=self.dropout, lean=self.lean)
         if self.hinge:
             gold = self.gold_scores(model, sample)
             losses = torch.relu(soft_max_score(result.scores, alpha) - gold)
