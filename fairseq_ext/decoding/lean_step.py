@@ -310,7 +310,7 @@ class TransformerStep:
         h, d = self.heads, self.head_dim
 
         def by_head(ts):  # three (..., h * d) -> (..., h * 3 * d)
-            return torch.stack([t.unflatten(-1, (h, d)) for t in ts], -2).flatten(-3)
+            return torch.stack([t.view(*t.shape[:-1], h, d) for t in ts], -2).flatten(-3)
         biases = [b for _, b in parts]
         wt, b = by_head([w for w, _ in parts]), (by_head(biases) if all(b is not None for b in biases) else None)
         return (wt, b) if self.groups > 1 else self._collected(wt, b)
