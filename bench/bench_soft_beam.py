@@ -12,7 +12,9 @@ translation corpus (about 80 target types); batch of the first B sentences.
 
 Rows, each a forward and backward: ``ce`` (fairseq's ``cross_entropy``; ratio 1),
 ``soft beam k=3`` / ``k=5`` (our criterion, alpha 1, Hamming costs). The thesis
-expects about k times a CE step (section 4.3.3).
+expects about k times a CE step (section 4.3.3). ``--compare-decoding``: the
+transformer's soft beam rows also on fairseq's incremental path (the criterion's
+``lean = False``; the transformer otherwise runs the static-cache step), in the same run.
 
 Time: ``--warmup`` untimed rounds, ``--repeats`` interleaved rounds, median, wall
 clock. Memory (CPU): each row runs in a fresh child process, one untimed step, then
@@ -67,10 +69,14 @@ def build(name: str, tmp: str, quick: bool, batch_size: int, device: torch.devic
     return task, model.to(device).train(), sample
 
 
-def criteria(task) -> Dict[str, object]:
+def criteria(task, name: str, compare: bool = False) -> Dict[str, object]:
     out = {"ce": CrossEntropyCriterion(task, sentence_avg=False)}
     for k in BEAMS:
         out[f"soft beam k={k}"] = SoftBeamDirectLossCriterion(task, soft_beam_size=k)
+    if compare and name == "transformer":  # the tagger's LSTM has only fairseq's path
+        for k in BEAMS:
+            out[f"soft beam k={k}, fairseq decoding"] = crit = SoftBeamDirectLossCriterion(task, soft_beam_size=k)
+            crit.lean = False
     return out
 
 
@@ -85,7 +91,7 @@ def child(args) -> None:
     device = torch.device(args.device)
     with tempfile.TemporaryDirectory() as tmp:
         task, model, sample = build(args.child_model, tmp, args.quick, args.batch_size, device)
-        crit = criteria(task)[args.child_row]
+        crit = criteria(task, args.child_model, args.compare_decoding)[args.child_row]
         step(model, sample, crit)  # one-time allocations (lazy initialisation, caches) are not the step's
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -132,7 +138,8 @@ def memory(name: str, rows: List[str], args) -> Dict[str, float]:
     out = {}
     for row in rows:
         cmd = [sys.executable, os.path.abspath(__file__), "--child-model", name, "--child-row", row, "--device",
-               args.device, "--batch-size", str(args.batch_size)] + (["--quick"] if args.quick else [])
+               args.device, "--batch-size", str(args.batch_size)] + (["--quick"] if args.quick else []) + (
+            ["--compare-decoding"] if args.compare_decoding else [])
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", OMP_NUM_THREADS=str(args.threads))
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
         out[row] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_above_build_mib"]
@@ -142,7 +149,7 @@ def memory(name: str, rows: List[str], args) -> Dict[str, float]:
 def bench(name: str, args, device: torch.device) -> List[Dict]:
     with tempfile.TemporaryDirectory() as tmp:
         task, model, sample = build(name, tmp, args.quick, args.batch_size, device)
-        crits = criteria(task)
+        crits = criteria(task, name, args.compare_decoding)
         fns = {row: (lambda c: lambda: step(model, sample, c))(c) for row, c in crits.items()}
         ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
     mem = memory(name, list(fns), args)
@@ -160,6 +167,8 @@ def format_table(rows: List[Dict]) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = timing.step_bench_parser(__doc__)
+    p.add_argument("--compare-decoding", action="store_true",
+                   help="also the transformer's soft beam on fairseq's incremental path, in the same run")
     p.add_argument("--child-model", help=argparse.SUPPRESS)
     p.add_argument("--child-row", help=argparse.SUPPRESS)
     return timing.quick_settings(p.parse_args(argv))
