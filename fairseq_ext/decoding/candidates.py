@@ -476,9 +476,10 @@ def pad_columns(tokens: Tensor, width: int, pad: int) -> Tensor:
 def _padded(hyps, pad: int, device) -> Tensor:
     """Hypotheses as one right-padded (N, W >= 1) LongTensor: a list of 1-D tensors, or
     already a tensor (any padding)."""
-    if not isinstance(hyps, Tensor):
-        hyps = data_utils.collate_tokens(hyps, pad) if len(hyps) else torch.zeros(0, 0, dtype=torch.long)
-    tokens = _left_aligned(hyps.to(device), pad)
+    if isinstance(hyps, Tensor):
+        tokens = _left_aligned(hyps.to(device), pad)
+    else:  # collate_tokens pads on the right already
+        tokens = (data_utils.collate_tokens(hyps, pad) if len(hyps) else torch.zeros(0, 0, dtype=torch.long)).to(device)
     return tokens if tokens.size(1) > 0 else tokens.new_full((tokens.size(0), 1), pad)
 
 

@@ -237,8 +237,7 @@ class TransformerStep:
         self.differentiable = differentiable
         # under gradients, each weight's gradient once for all positions (``_CollectedWeight``)
         self.collect = differentiable and torch.is_grad_enabled()
-        if differentiable:  # per layer (rows * heads, steps so far, head_dim) keys and values
-            # per layer (rows * heads, steps so far, 2 * head_dim): each key beside its value
+        if differentiable:  # per layer (rows * heads, steps so far, 2 * head_dim): each key beside its value
             self.grown: List[Optional[Tensor]] = [None] * len(layers)
             self.self_bias = torch.zeros(rows * h, 1, 0, dtype=dtype, device=device)
         else:
@@ -272,8 +271,9 @@ class TransformerStep:
             ea = layer.encoder_attn
             if ea is not None and enc is not None:
                 flat = enc.reshape(rows * s_len, -1)
-                k = _mm(flat, *self._t(ea.k_proj)).view(rows, s_len, h, d)
-                v = _mm(flat, *self._t(ea.v_proj)).view(rows, s_len, h, d)
+                # projected once, so by autograd's own product (nothing to collect)
+                k = _mm(flat, *self._t(ea.k_proj, collect=False)).view(rows, s_len, h, d)
+                v = _mm(flat, *self._t(ea.v_proj, collect=False)).view(rows, s_len, h, d)
                 p["ea"] = {"ln": self._norm(layer.encoder_attn_layer_norm), "q": self._t(ea.q_proj),
                            "out": self._t(ea.out_proj), "drop": drop(ea.dropout_module),
                            "keys_t": k.permute(0, 2, 3, 1).reshape(rows * h, d, s_len),
