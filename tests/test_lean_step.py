@@ -1,17 +1,20 @@
-"""The static-cache decoder step (fairseq_ext/decoding/lean_step.py) against fairseq's
-own full teacher-forced forward, and candidate decoding with it against fairseq's
-incremental path (kept as the reference and as the fallback):
+"""The static-cache decoder steps (fairseq_ext/decoding/lean_step.py, lstm_step.py)
+against fairseq's own full teacher-forced forward, and candidate decoding, DSS's pass
+and the beam search with them against fairseq's incremental path (kept as the
+reference and as the fallback):
 
 - float64 to 1e-10 and float32 to 1e-5, per position, for `transformer` (post- and
-  pre-norm, sinusoidal and learned positions) and `transformer_lm` after a prefix,
-  random and trained weights, with <pad> and <s> inside a history (masked and skipped
-  as the full forward does; fairseq's incremental path does neither). fairseq's
-  attention softmax runs in float32 whatever the model's dtype: the float64 checks
-  run it in float64;
+  pre-norm, sinusoidal and learned positions), `lstm` (attention and input feeding;
+  two layers, a bidirectional encoder, residual connections, an output projection,
+  shared embeddings), `transformer_lm` and `lstm_lm` after a prefix, random and trained
+  weights, with <pad> and <s> inside a history (the transformer masks and skips them
+  as its full forward does; fairseq's incremental path does neither). fairseq's
+  transformer attention softmax runs in float32 whatever the model's dtype: the
+  float64 checks run it in float64;
 - greedy and sampled candidates (top-k, min_len, forced prefixes): the same tokens and
   the same random numbers as fairseq's incremental path, scores equal to a
   teacher-forced rescoring, finished rows included;
-- a decoder it does not cover (lstm) decodes through fairseq's path, logged once.
+- a decoder neither step covers decodes through fairseq's path, logged once.
 """
 import logging
 
@@ -20,18 +23,27 @@ import copy
 import pytest
 import torch
 
+import fairseq.models.lstm
 import fairseq.utils
 from fairseq_ext.decoding.candidates import (DecodeConfig, ParameterSets, _encode_sets, decode_candidates, decode_grouped,
                                              decode_with_greedy, grouped_reason, sequence_log_probs)
-from fairseq_ext.decoding.lean_step import TransformerStep, unsupported_reason
+from fairseq_ext.decoding.lean_step import TransformerStep, decoder_step, unsupported_reason
+from fairseq_ext.decoding.lstm_step import LSTMStep
 from fairseq_ext.decoding.scoring import BatchScorer
 from fairseq_ext.synthetic import tiny_models
 
-VARIANTS = {
-    "post-norm, sinusoidal": [],
-    "pre-norm, learned positions": ["--decoder-normalize-before", "--encoder-normalize-before",
-                                    "--decoder-learned-pos", "--encoder-learned-pos"],
+VARIANTS = {  # name: (architecture, options)
+    "post-norm, sinusoidal": ("transformer", []),
+    "pre-norm, learned positions": ("transformer", ["--decoder-normalize-before", "--encoder-normalize-before",
+                                                    "--decoder-learned-pos", "--encoder-learned-pos"]),
+    "lstm": ("lstm", []),
+    # residual connections have no option in fairseq's lstm: set on the decoder
+    "lstm, 2 layers, bidirectional, residuals, out-embed 12, shared": (
+        "lstm", ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-bidirectional", "--decoder-embed-dim",
+                 "12", "--decoder-out-embed-dim", "12", "--share-decoder-input-output-embed"]),
 }
+# the transformers random and trained, the lstms trained (a random lstm's scores are all near 0)
+TRANSLATION_MODELS = [(v, t) for v in VARIANTS for t in (False, True) if t or VARIANTS[v][0] == "transformer"]
 
 
 def _train(model, task, steps=30):
@@ -52,11 +64,14 @@ def _train(model, task, steps=30):
     model.eval()
 
 
-@pytest.fixture(scope="module", params=[(v, t) for v in VARIANTS for t in (False, True)],
-                ids=[f"{v}, {'trained' if t else 'random'}" for v in VARIANTS for t in (False, True)])
+@pytest.fixture(scope="module", params=TRANSLATION_MODELS,
+                ids=[f"{v}, {'trained' if t else 'random'}" for v, t in TRANSLATION_MODELS])
 def translation(request, toy_bin):
     variant, trained = request.param
-    task, model, _ = tiny_models.build_task_and_model(toy_bin, "translation", "transformer", VARIANTS[variant], seed=2)
+    arch, options = VARIANTS[variant]
+    task, model, _ = tiny_models.build_task_and_model(toy_bin, "translation", arch, options, seed=2)
+    if arch == "lstm":
+        model.decoder.residuals = "residuals" in variant
     if trained:
         _train(model, task)
     model.eval()
@@ -68,6 +83,17 @@ def translation(request, toy_bin):
 def language_model(toy_lm_bin):
     task, model, _ = tiny_models.build_task_and_model(toy_lm_bin, "text_completion", "transformer_lm",
                                                       ["--completion-context-size", "3"], seed=2)
+    _train(model, task)
+    task.load_dataset("valid")
+    return task, model.eval()
+
+
+@pytest.fixture(scope="module")
+def lstm_language_model(toy_lm_bin):
+    """fairseq's lstm_lm, 2 layers with residual connections, trained."""
+    task, model, _ = tiny_models.build_task_and_model(toy_lm_bin, "text_completion", "lstm_lm",
+                                                      ["--completion-context-size", "3", "--decoder-layers", "2",
+                                                       "--residuals"], seed=2)
     _train(model, task)
     task.load_dataset("valid")
     return task, model.eval()
@@ -92,7 +118,7 @@ def _with_specials(prev, d):
 
 
 def _stepwise(model, encoder_out, prev):
-    step = TransformerStep(model, encoder_out, torch.arange(prev.size(0)), prev.size(1))
+    step = decoder_step(model, encoder_out, torch.arange(prev.size(0)), prev.size(1))
     return torch.stack([step.logits(prev[:, t]) for t in range(prev.size(1))], 1)
 
 
@@ -117,9 +143,12 @@ def test_step_equals_the_full_forward_of_a_translation_model(translation, softma
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
-def test_step_equals_the_full_forward_of_a_language_model_after_a_prefix(language_model, softmax_in_dtype, dtype,
-                                                                         tol):
-    task, model = language_model
+@pytest.mark.parametrize("which", ["transformer_lm", "lstm_lm"])
+def test_step_equals_the_full_forward_of_a_language_model_after_a_prefix(language_model, lstm_language_model,
+                                                                         softmax_in_dtype, which, dtype, tol):
+    task, model = language_model if which == "transformer_lm" else lstm_language_model
+    assert unsupported_reason(model.decoder) is None
+    assert which == "transformer_lm" or (model.decoder.residuals and model.decoder.num_layers == 2)
     model = model.to(dtype)
     try:
         sample = _batch(task)
@@ -139,8 +168,11 @@ def test_step_equals_the_full_forward_of_a_language_model_after_a_prefix(languag
 def test_fairseq_incremental_path_differs_from_its_full_forward_after_a_pad(translation):
     """Why the step follows the full forward: with a <pad> inside the history, fairseq's
     incremental decoding (no key mask for it, positions counted over it) gives other
-    outputs than its full forward on the same tokens."""
+    outputs than its full forward on the same tokens. (fairseq's LSTM has neither
+    positions nor masks: its two paths are one function.)"""
     task, model = translation
+    if isinstance(model.decoder, fairseq.models.lstm.LSTMDecoder):
+        pytest.skip("fairseq's LSTM incremental path is its full forward")
     sample = _batch(task)
     prev = _with_specials(sample["net_input"]["prev_output_tokens"], task.target_dictionary)
     with torch.no_grad():
@@ -186,12 +218,22 @@ def test_candidates_equal_fairseqs_incremental_path(translation, language_model,
         assert lean.finished.any() and not lean.finished.all()
 
 
+def _hooked(model):
+    """A copy of ``model`` with a forward hook on a decoder module: the steps read
+    parameters, not module calls, so they do not cover it."""
+    model = copy.deepcopy(model)
+    model.decoder.embed_tokens.register_forward_hook(lambda module, args, out: None)
+    return model
+
+
 def test_other_decoders_take_fairseqs_path_with_one_log_line(untrained_models, caplog, monkeypatch):
-    """Candidate decoding and DSS's pass each say once that an lstm decoder takes fairseq's path."""
+    """Candidate decoding and DSS's pass each say once that a decoder the steps do not
+    cover (an lstm with a forward hook) takes fairseq's path."""
     from fairseq_ext.decoding import lean_step
     from fairseq_ext.decoding.soft_inputs import run_scheduled_sampling
 
     task, model = untrained_models["lstm"]
+    model = _hooked(model)
     monkeypatch.setattr(lean_step, "_FALLBACK_LOGGED", set())
     task.load_dataset("valid")
     sample = _batch(task)
@@ -201,21 +243,37 @@ def test_other_decoders_take_fairseqs_path_with_one_log_line(untrained_models, c
             c = decode_candidates(model, sample, DecodeConfig(max_len_b=5))
             run_scheduled_sampling(model, sample["net_input"], fed, "soft-argmax", 1.0)
     lines = [r.getMessage() for r in caplog.records if "incremental path" in r.getMessage()]
-    assert len(lines) == 2 and all("LSTMDecoder" in line for line in lines)
+    assert len(lines) == 2 and all("LSTMDecoder" in line and "forward hooks" in line for line in lines)
     assert lines[0].startswith("candidate decoding:") and lines[1].startswith("scheduled sampling:")
     assert c.tokens.size(0) == 6
 
 
+def _count_reorders(monkeypatch):
+    """The rows kept by each ``reorder`` of either step, as a list filled as they happen."""
+    kept = []
+    for cls in (TransformerStep, LSTMStep):
+        monkeypatch.setattr(cls, "reorder", lambda self, index, keep=cls.reorder: (kept.append(index.numel()),
+                                                                                   keep(self, index)))
+    return kept
+
+
 def _eos_biased(model, task, eos_bias):
-    """A copy of ``model`` whose output layer adds ``eos_bias`` to EOS's score."""
+    """A copy of ``model`` whose output layer adds ``eos_bias`` to EOS's score (an lstm's
+    shared output embedding becomes a copy of it, with the bias)."""
     model = copy.deepcopy(model)
-    old = model.decoder.output_projection
-    new = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    d = model.decoder
+    lstm = isinstance(d, fairseq.models.lstm.LSTMDecoder)
+    weight = (d.embed_tokens.weight if d.share_input_output_embed else d.fc_out.weight) if lstm \
+        else d.output_projection.weight
+    new = torch.nn.Linear(weight.size(1), weight.size(0), bias=True).to(weight.dtype)
     with torch.no_grad():
-        new.weight.copy_(old.weight)
+        new.weight.copy_(weight)
         new.bias.zero_()
         new.bias[task.target_dictionary.eos()] = eos_bias
-    model.decoder.output_projection = new
+    if lstm:
+        d.fc_out, d.share_input_output_embed = new, False
+    else:
+        d.output_projection = new
     return model
 
 
@@ -256,9 +314,7 @@ def test_rows_that_finish_leave_the_caches_together(translation, language_model,
     greedy and sampled, after a forced prefix too."""
     task, model = translation if which == "transformer" else language_model
     model = _eos_biased(model, task, eos_bias)
-    kept = []
-    keep = TransformerStep.reorder
-    monkeypatch.setattr(TransformerStep, "reorder", lambda self, index: (kept.append(index.numel()), keep(self, index)))
+    kept = _count_reorders(monkeypatch)
     for cfg in (dict(), dict(strategy="sample", num_candidates=3)):
         _, _, (lean, ref) = _decode_both(task, model, cfg)
         assert torch.equal(lean.tokens, ref.tokens) and torch.equal(lean.finished, ref.finished)
@@ -323,7 +379,7 @@ def test_grouped_step_equals_each_sets_full_forward(translation, language_model,
     with torch.no_grad():
         enc = _encode_sets(model.encoder, sample["net_input"], sets) if which == "transformer" else None
         expand = torch.arange(3 * b) if enc is not None else torch.arange(b).repeat(3)
-        step = TransformerStep(model, enc, expand, prev.size(1), sets.stack, 3)
+        step = decoder_step(model, enc, expand, prev.size(1), sets.stack, 3)
         lean = torch.stack([step.logits(prev.repeat(3, 1)[:, t]) for t in range(prev.size(1))], 1)
         real = prev.ne(d.pad())
         for k, m in enumerate(models):
@@ -341,9 +397,7 @@ def test_grouped_decode_equals_each_sets_decode_on_fairseqs_path(translation, la
     generator, seeded as the lone decode's), also where rows finish at different steps and
     leave the caches (EOS biases 2-4), a row leaving only once it finished in every set."""
     task, biased = translation if which == "transformer" else language_model
-    kept = []
-    keep = TransformerStep.reorder
-    monkeypatch.setattr(TransformerStep, "reorder", lambda self, index: (kept.append(index.numel()), keep(self, index)))
+    kept = _count_reorders(monkeypatch)
     sample = _batch(task, 12)
     batch, prefix = BatchScorer(task, "edit").decode_inputs(sample, task.target_dictionary)
     for eos_bias, cfg in ((0.0, dict()), (2.0, dict()), (3.0, dict()), (4.0, dict()),
@@ -373,8 +427,8 @@ def test_grouped_decoding_refuses_what_it_does_not_cover(untrained_models, trans
         decode_grouped(model, batch, DecodeConfig(strategy="beam", num_candidates=2), sets)
     with pytest.raises(ValueError, match="one generator per parameter set"):
         decode_grouped(model, batch, DecodeConfig(strategy="sample", num_candidates=2), sets)
-    lstm = untrained_models["lstm"][1]
-    assert "LSTMDecoder" in grouped_reason(lstm, DecodeConfig())
+    assert grouped_reason(untrained_models["lstm"][1], DecodeConfig()) is None
+    assert "forward hooks" in grouped_reason(_hooked(untrained_models["lstm"][1]), DecodeConfig())
 
 
 @pytest.mark.parametrize("mode", ["soft-argmax", "hard-argmax", "soft-sample"])

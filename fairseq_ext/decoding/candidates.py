@@ -26,7 +26,7 @@ from torch import Tensor
 
 from fairseq_ext.core.constraints import CONSTRAINT, OneOf, ParameterError, above, at_least, check_fields, constraint_of
 from fairseq_ext.core.sampling import choose_tokens, filter_logits
-from fairseq_ext.decoding.lean_step import TransformerStep, unsupported_reason, use_step
+from fairseq_ext.decoding.lean_step import decoder_step, unsupported_reason, use_step
 
 STRATEGIES = ("greedy", "sample", "beam")
 
@@ -245,7 +245,7 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_
                                                                               greedy_rows, sets)
     total_steps, rows = n_forced + max_len, expand.numel()
     groups = sets.count if sets is not None else 1
-    step_fn = TransformerStep(model, encoder_out, expand, total_steps, *((sets.stack, groups) if sets else ()))
+    step_fn = decoder_step(model, encoder_out, expand, total_steps, *((sets.stack, groups) if sets else ()))
     sampling = cfg.strategy == "sample"
     options = dict(sample=True, temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp)
     n_sampled = rows - (expand.numel() // (n + 1) if greedy_rows else 0)  # the sampled rows come first
@@ -347,11 +347,13 @@ def _plan(model, sample, cfg, prefix_tokens, greedy_rows=False, sets: Optional[P
 
 def _encode_sets(encoder, net_input: Dict, sets: ParameterSets) -> Dict[str, List[Tensor]]:
     """The encoder's output for every parameter set, the sets' batches one after another
-    (the keys the static-cache step reads)."""
+    (what the static-cache step reads)."""
     args = {k: v for k, v in net_input.items() if k != "prev_output_tokens"}
     named = list(encoder.named_parameters())
     outs = [torch.func.functional_call(encoder, {name: sets.stack(p)[g] for name, p in named}, (), args)
             for g in range(sets.count)]
+    if isinstance(outs[0], tuple):  # fairseq's LSTM encoder: (outputs, hiddens, cells, padding mask), batch dim 1
+        return tuple(torch.cat(parts, dim=1) for parts in zip(*outs))
     masks = [o["encoder_padding_mask"][0] for o in outs if len(o["encoder_padding_mask"]) > 0]
     return {"encoder_out": [torch.cat([o["encoder_out"][0] for o in outs], dim=1)],
             "encoder_padding_mask": [torch.cat(masks)] if len(masks) == len(outs) else []}

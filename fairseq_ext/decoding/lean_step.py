@@ -22,11 +22,13 @@ gradients (caches grown by concatenation, fairseq's dropout; DSS's exact pass, t
 soft beam). Under gradients each weight's gradient is one product over every
 position of the decode (``_CollectedWeight``), not one product per position summed.
 
-``unsupported_reason(decoder)`` names what a decoder has that the step does not
-cover (adaptive input or softmax, quantisation noise, cross-self-attention,
-NormFormer's extra scalings, attention biases, forward hooks on its modules,
-LayerDrop in training); ``use_step(decoder, who)`` says so once in the log, and
-callers then use fairseq's path.
+fairseq's ``LSTMDecoder`` (``lstm``, ``lstm_lm``) has its own step with the same
+interface, ``lstm_step.LSTMStep``; ``decoder_step`` builds the one a model needs.
+``unsupported_reason(decoder)`` names what a decoder has that the steps do not
+cover (another decoder class; adaptive input or softmax, quantisation noise,
+cross-self-attention, NormFormer's extra scalings, attention biases, forward hooks
+on its modules, LayerDrop in training); ``use_step(decoder, who)`` says so once in
+the log, and callers then use fairseq's path.
 """
 import logging
 from typing import Callable, Dict, List, Optional, Tuple
@@ -53,14 +55,23 @@ def _dropout(x: Tensor, module) -> Tensor:
     return module(x) if module is not None else x
 
 
+def _is_lstm(decoder) -> bool:
+    from fairseq.models.lstm import LSTMDecoder
+    return isinstance(decoder, LSTMDecoder)
+
+
 def unsupported_reason(decoder) -> Optional[str]:
-    """Why ``TransformerStep`` cannot run ``decoder``, or None when it can."""
+    """Why no static-cache step (``TransformerStep``, ``lstm_step.LSTMStep``) can run
+    ``decoder``, or None when one can."""
+    if _is_lstm(decoder):
+        from fairseq_ext.decoding.lstm_step import lstm_unsupported_reason
+        return lstm_unsupported_reason(decoder)
     try:
         from fairseq.models.transformer import TransformerDecoderBase
     except ImportError:  # pragma: no cover - fairseq without the Base classes
         return "this fairseq has no TransformerDecoderBase"
     if not isinstance(decoder, TransformerDecoderBase):
-        return f"{type(decoder).__name__} is not a fairseq TransformerDecoder"
+        return f"{type(decoder).__name__} is neither a fairseq TransformerDecoder nor an LSTMDecoder"
     if getattr(decoder, "adaptive_softmax", None) is not None:
         return "adaptive softmax"
     if not isinstance(decoder.embed_tokens, torch.nn.Embedding):
@@ -88,14 +99,28 @@ def unsupported_reason(decoder) -> Optional[str]:
 
 
 def use_step(decoder, who: str) -> bool:
-    """Whether ``TransformerStep`` can run ``decoder``; when it cannot, one log line (per
+    """Whether a static-cache step can run ``decoder``; when none can, one log line (per
     caller and decoder type) says that ``who`` takes fairseq's incremental path and why."""
     reason = unsupported_reason(decoder)
     if reason is not None and (who, type(decoder)) not in _FALLBACK_LOGGED:
         _FALLBACK_LOGGED.add((who, type(decoder)))
-        logger.info(f"{who}: fairseq's incremental path for {type(decoder).__name__} (the static-cache step "
-                    f"covers fairseq's TransformerDecoder only: {reason})")
+        logger.info(f"{who}: fairseq's incremental path for {type(decoder).__name__} (the static-cache steps "
+                    f"cover fairseq's TransformerDecoder and LSTMDecoder: {reason})")
     return reason is None
+
+
+def decoder_step(model, encoder_out, expand: Tensor, max_steps: int,
+                 weights: Optional[Callable[[Tensor], Tensor]] = None, groups: int = 1,
+                 differentiable: bool = False) -> "_DecoderStep":
+    """The static-cache step of ``model``'s decoder (``unsupported_reason`` None):
+    ``TransformerStep``, or ``lstm_step.LSTMStep`` for fairseq's LSTMDecoder; the
+    arguments are ``TransformerStep``'s."""
+    if _is_lstm(model.decoder):
+        from fairseq_ext.decoding.lstm_step import LSTMStep
+        cls = LSTMStep
+    else:
+        cls = TransformerStep
+    return cls(model, encoder_out, expand, max_steps, weights, groups, differentiable)
 
 
 class _Pairs:
@@ -180,7 +205,47 @@ def _ln(x: Tensor, norm: Tuple) -> Tensor:
     return torch.addcmul(b, y, w).view(x.shape)
 
 
-class TransformerStep:
+class _DecoderStep:
+    """What the static-cache steps share: the weights of their products as ``_mm``
+    multiplies them (the model's own, or G parameter sets stepped together, ``weights(p)``
+    the (G, *p.shape) stack of parameter p's values; collected under gradients), and
+    ``step``, the log-probabilities of ``logits``."""
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """Feed (rows,) tokens at the next position; (rows, V) float32 log-probabilities."""
+        return torch.log_softmax(self.logits(tokens).float(), dim=-1)
+
+    def _sets(self, weights: Optional[Callable[[Tensor], Tensor]], groups: int, rows: int,
+              differentiable: bool) -> None:
+        self.groups, self.P = groups, (weights if groups > 1 else (lambda p: p))
+        if rows % groups:
+            raise ValueError(f"{rows} rows are not {groups} equal blocks")
+        self.differentiable = differentiable
+        # under gradients, each weight's gradient once for all positions (``_CollectedWeight``)
+        self.collect = differentiable and torch.is_grad_enabled()
+
+    def _t(self, linear, collect: bool = True) -> Tuple:
+        """``_linear`` of an nn.Linear's weight and bias."""
+        b = getattr(linear, "bias", None)
+        return self._linear(self.P(linear.weight), self.P(b) if b is not None else None, collect)
+
+    def _linear(self, w: Tensor, b: Optional[Tensor], collect: bool = True) -> Tuple:
+        """(W^T, bias) of a weight (out, in) and bias (out,) (stacks (G, out, in), (G, out)
+        for G parameter sets) as ``_mm`` multiplies: W^T contiguous, or (G, in, out) and
+        (G, 1, out). Under gradients (differentiable step), (W^T, bias, pairs) whose gradient
+        ``_CollectedWeight`` computes once."""
+        if self.groups > 1:
+            return w.transpose(1, 2), (b[:, None] if b is not None else None)
+        return self._collected(w.t().contiguous(), b) if collect else (w.t().contiguous(), b)
+
+    def _collected(self, wt: Tensor, b: Optional[Tensor]) -> Tuple:
+        if not self.collect:
+            return wt, b
+        pairs = _Pairs()
+        return (*_CollectedWeight.apply(pairs, wt, b), pairs)
+
+
+class TransformerStep(_DecoderStep):
     """Decoder steps of ``model`` for ``rows`` sequences of at most ``max_steps`` tokens.
 
     model: a fairseq ``transformer`` / ``transformer_lm`` model (see
@@ -213,9 +278,7 @@ class TransformerStep:
         first = layers[0].self_attn
         h, d = self.heads, self.head_dim = first.num_heads, first.head_dim
         self.rows, self.scale = rows, d ** -0.5
-        self.groups, self.P = groups, (weights if groups > 1 else (lambda p: p))
-        if rows % groups:
-            raise ValueError(f"{rows} rows are not {groups} equal blocks")
+        self._sets(weights, groups, rows, differentiable)
         dtype = decoder.embed_tokens.weight.dtype
         self.t = 0
         # positions: row i of a table is position pad + i (row 0, for <pad> tokens, is zero); one
@@ -234,9 +297,6 @@ class TransformerStep:
         self.count = torch.zeros(rows, dtype=torch.long, device=device)  # non-pad tokens fed so far
         # self-attention: keys and values of every layer and position, written in place; a <pad>
         # key is masked by -inf in the bias (per row, repeated over the heads)
-        self.differentiable = differentiable
-        # under gradients, each weight's gradient once for all positions (``_CollectedWeight``)
-        self.collect = differentiable and torch.is_grad_enabled()
         if differentiable:  # per layer (rows * heads, steps so far, 2 * head_dim): each key beside its value
             self.grown: List[Optional[Tensor]] = [None] * len(layers)
             self.self_bias = torch.zeros(rows * h, 1, 0, dtype=dtype, device=device)
@@ -286,21 +346,6 @@ class TransformerStep:
         self.layernorm_embedding = self._norm(decoder.layernorm_embedding)
         self.layer_norm = self._norm(decoder.layer_norm)
 
-    def _t(self, linear, collect: bool = True) -> Tuple:
-        """(W^T, bias) of an nn.Linear as ``_mm`` multiplies: W^T contiguous, or, for G
-        parameter sets, (G, C, C') and (G, 1, C'). Under gradients (differentiable step),
-        (W^T, bias, pairs) whose gradient ``_CollectedWeight`` computes once."""
-        w, b = self.P(linear.weight), getattr(linear, "bias", None)
-        b = self.P(b) if b is not None else None
-        if self.groups > 1:
-            return w.transpose(1, 2), (b[:, None] if b is not None else None)
-        return self._collected(w.t().contiguous(), b) if collect else (w.t().contiguous(), b)
-
-    def _collected(self, wt: Tensor, b: Optional[Tensor]) -> Tuple:
-        if not self.collect:
-            return wt, b
-        pairs = _Pairs()
-        return (*_CollectedWeight.apply(pairs, wt, b), pairs)
 
     def _qkv(self, attn) -> Tuple[Tensor, Optional[Tensor]]:
         """The self-attention's query, key and value projections as one, ``_t``'s form, its
@@ -396,10 +441,6 @@ class TransformerStep:
         n = self.rows
         q = _mm(x, *ea["q"]).view(n * self.heads, 1, self.head_dim)
         return _attend(q, ea["keys_t"], ea["values"], self.enc_bias, self.scale, ea["drop"]).view(n, -1)
-
-    def step(self, tokens: Tensor) -> Tensor:
-        """Feed (rows,) tokens at the next position; (rows, V) float32 log-probabilities."""
-        return torch.log_softmax(self.logits(tokens).float(), dim=-1)
 
     def logits(self, tokens: Tensor, embeds: Optional[Tensor] = None, replace: Optional[Tensor] = None) -> Tensor:
         """Feed (rows,) tokens at the next position; (rows, V) output scores in the model's dtype.

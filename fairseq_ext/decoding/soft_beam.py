@@ -56,7 +56,7 @@ from torch import Tensor
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import above
 from fairseq_ext.core.soft_beam import hard_beam_step, soft_beam_step
-from fairseq_ext.decoding.lean_step import TransformerStep, use_step
+from fairseq_ext.decoding.lean_step import decoder_step, use_step
 from fairseq_ext.decoding.soft_inputs import (
     EmbeddingOverride,
     SoftReorder,
@@ -239,8 +239,8 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
     state: Dict = {}
     # the static-cache step (it holds the encoder's part of every row's state), built before
     # the embedding hook, which it would take for a user's hook
-    lean_step = TransformerStep(model, first_encoder_out, torch.arange(B * K, device=device), T, differentiable=True
-                                ) if lean and use_step(decoder, "soft beam search") else None
+    lean_step = decoder_step(model, first_encoder_out, torch.arange(B * K, device=device), T, differentiable=True
+                             ) if lean and use_step(decoder, "soft beam search") else None
     if lean_step is not None:  # it holds the rows' encoder output
         reorder_rows, mix_rows = lean_step.reorder, lean_step.mix
     else:

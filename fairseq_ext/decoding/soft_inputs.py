@@ -25,7 +25,7 @@ from torch import Tensor
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import Rule, check_arguments, declare
 from fairseq_ext.core.relaxations import decision_embedding, gumbel_noise, is_sample
-from fairseq_ext.decoding.lean_step import TransformerStep, use_step
+from fairseq_ext.decoding.lean_step import decoder_step, use_step
 
 NoiseFn = Callable[[Tensor], Tensor]
 
@@ -168,7 +168,7 @@ def run_scheduled_sampling(
 def _sequential_lean(model, prev: Tensor, encoder_out, model_fed: Tensor, decide) -> Tuple[Tensor, List[Tensor]]:
     """``_sequential`` with the differentiable static-cache step (fairseq's transformer)."""
     rows = torch.arange(prev.size(0), device=prev.device)
-    step = TransformerStep(model, encoder_out, rows, prev.size(1), differentiable=True)
+    step = decoder_step(model, encoder_out, rows, prev.size(1), differentiable=True)
     step_scores: List[Tensor] = []
     for i in range(prev.size(1)):
         embeds = replace = None

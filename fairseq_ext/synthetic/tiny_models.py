@@ -21,6 +21,8 @@ TINY_ARCHS = {
                          "--decoder-attention-heads", "2", "--share-all-embeddings", "--noise", "random_mask"],
     "transformer_lm": ["--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16",
                        "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2"],
+    "lstm_lm": ["--arch", "lstm_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-hidden-size", "16",
+                "--decoder-out-embed-dim", "16"],
 }
 
 
