@@ -2,6 +2,7 @@
 the lm cost equals a teacher-forced log-probability, BatchScorer caches references
 per batch only, cost specs parse with clear errors, --*-post-process auto follows the
 target dictionary (and an explicit value that disagrees with it is warned about)."""
+import copy
 import logging
 import os
 
@@ -45,7 +46,7 @@ def test_lm_cost_equals_teacher_forced(untrained_models):
     d = task.target_dictionary
     src = [torch.tensor([5, 6, 7, d.eos()]), torch.tensor([8, d.eos()])]
     hyps = [torch.tensor([9, 10, d.eos()]), torch.tensor([11, d.eos()])]
-    cost = LMScorerCost(model)(hyps, sources=src)
+    cost = LMScorerCost(copy.deepcopy(model))(hyps, sources=src)  # a copy: the scorer freezes its parameters
     model.eval()
     with torch.no_grad():
         for i in range(2):
