@@ -8,7 +8,8 @@ keep the rows).
 
 Model: ``transformer`` (3+3 layers, embed 256, ffn 1024, 4 heads; ``--quick``: the
 tiny one), random weights, train mode, on the toy translation corpus; batch of
-the first B sentences. ``--size iwslt``: the size users train instead, the
+the first B sentences; ``--arch lstm``: fairseq's ``lstm`` instead, 1+1 layers of 256
+units (the thesis's MT size, as in ``bench_dss.py``). ``--size iwslt``: the size users train instead, the
 ``transformer_iwslt_de_en`` shape (6+6 layers, embed 512, ffn 1024, 4 heads) on a
 batch of about ``--batch-tokens`` tokens (4,096: the first sentences until the
 longer side of each, summed, reaches it), meant for a GPU. On CUDA every row's peak
@@ -61,20 +62,27 @@ ROWS = {
 }
 
 
+# an lstm of the thesis's MT size (bench_dss.py's), as overrides of tiny_models.TINY_ARCHS["lstm"]
+LSTM = ["--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-hidden-size", "256",
+        "--decoder-hidden-size", "256", "--decoder-out-embed-dim", "256"]
+
 # transformer_iwslt_de_en's shape, as overrides of tiny_models.TINY_ARCHS["transformer"]
 IWSLT = ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim", "512", "--decoder-embed-dim", "512",
          "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
          "--decoder-attention-heads", "4"]
 
 
-def build(data: str, quick: bool, device: torch.device, size: str = "small"):
+def build(data: str, quick: bool, device: torch.device, size: str = "small", model_arch: str = "transformer"):
     """(task, model, the criterions of ROWS) sharing one task and model."""
-    arch = [] if quick else (IWSLT if size == "iwslt" else timing.TRANSFORMER)
-    task, model, _ = tiny_models.build_task_and_model(data, "translation", "transformer", arch + ["--dropout", "0.1"])
+    if model_arch == "lstm":
+        arch = [] if quick else LSTM
+    else:
+        arch = [] if quick else (IWSLT if size == "iwslt" else timing.TRANSFORMER)
+    task, model, _ = tiny_models.build_task_and_model(data, "translation", model_arch, arch + ["--dropout", "0.1"])
     crits = {}
     for row, extra in ROWS.items():
         argv = [data, "--task", "translation", "--user-dir", os.path.join(REPO, "fairseq_ext")]
-        args = options.parse_args_and_arch(options.get_training_parser(), argv + tiny_models.TINY_ARCHS["transformer"] + extra)
+        args = options.parse_args_and_arch(options.get_training_parser(), argv + tiny_models.TINY_ARCHS[model_arch] + extra)
         crits[row] = task.build_criterion(args)
     return task, model.to(device).train(), crits
 
@@ -109,7 +117,7 @@ def bench(args, device: torch.device) -> List[Dict]:
         n = max(64, args.batch_size) if args.size == "small" else max(64, args.batch_tokens // 4)
         raw = toy.write_toy_data(os.path.join(tmp, "raw"), sizes=(n, 10, 10))
         data = toy.binarize_translation(raw, os.path.join(tmp, "bin"))
-        task, model, crits = build(data, args.quick, device, args.size)
+        task, model, crits = build(data, args.quick, device, args.size, args.arch)
         task.load_dataset("train")
         ds = task.dataset("train")
         if args.size == "iwslt":  # the first sentences up to --batch-tokens (fairseq's --max-tokens measure)
@@ -126,13 +134,12 @@ def bench(args, device: torch.device) -> List[Dict]:
                 fns[f"{row}, fairseq decoding"] = (lambda c: lambda: step(model, sample, c, autocast))(
                     fairseq_decoding(crits[row]))
         ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
-        calls = {row: timing.aten_calls(fn) for row, fn in fns.items()} if args.op_counts else {}
         peak = {row: timing.peak_mib(fn, device) for row, fn in fns.items()}
-    rows = [{"row": row, "ms": ms[row], "ratio": ms[row] / ms["ce"], "batch_size": args.batch_size,
-             "size": args.size, "device": str(device), "amp": args.amp, "peak_mib": peak[row],
-             "peak_ratio": peak[row] / peak["ce"] if peak[row] is not None else None} for row in fns]
-    for r in rows if calls else []:
-        r.update(aten_calls=calls[r["row"]], calls_ratio=calls[r["row"]] / calls["ce"])
+        rows = [{"row": row, "ms": ms[row], "ratio": ms[row] / ms["ce"], "batch_size": args.batch_size,
+                 "size": args.size, "device": str(device), "amp": args.amp, "peak_mib": peak[row],
+                 "peak_ratio": peak[row] / peak["ce"] if peak[row] is not None else None} for row in fns]
+        if args.op_counts:
+            timing.op_counts(fns, rows)
     return rows
 
 
@@ -144,23 +151,26 @@ def main(argv=None) -> None:
                         help="small: 3+3 x 256, batch --batch-size; iwslt: transformer_iwslt_de_en's shape, batch "
                              "--batch-tokens")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="--size iwslt: tokens a batch (about)")
+    parser.add_argument("--arch", choices=["transformer", "lstm"], default="transformer",
+                        help="lstm: fairseq's lstm, 1+1 layers of 256 units (the thesis's MT size; --size small only)")
     parser.add_argument("--compare-decoding", action="store_true",
                         help="also measure mrt, pg and mgs with fairseq's incremental decoding, in the same run")
     args = timing.quick_settings(parser.parse_args(argv))
+    if args.arch == "lstm" and args.size != "small":
+        parser.error("--arch lstm has one size: --size small")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     torch.manual_seed(1)
     rows = bench(args, device)
     mem = device.type == "cuda"
-    timing.report(f"training step of each criterion / cross-entropy step, transformer ({args.size}), batch "
+    ops_head, ops = timing.op_columns(rows)
+    timing.report(f"training step of each criterion / cross-entropy step, {args.arch} ({args.size}), batch "
                   f"{args.batch_size}, device {device}{', autocast' if args.amp else ''}, {args.threads} thread(s), "
                   f"median of {args.repeats}",
-                  timing.table(["row", "ms / step", "ratio to ce"] + (["aten calls", "calls / ce"] if args.op_counts else [])
-                               + (["peak MiB", "peak / ce"] if mem else []),
-                               [[r["row"], f"{r['ms']:.1f}", f"{r['ratio']:.2f}"]
-                                + ([str(r["aten_calls"]), f"{r['calls_ratio']:.2f}"] if args.op_counts else [])
+                  timing.table(["row", "ms / step", "ratio to ce"] + ops_head + (["peak MiB", "peak / ce"] if mem else []),
+                               [[r["row"], f"{r['ms']:.1f}", f"{r['ratio']:.2f}"] + o
                                 + ([f"{r['peak_mib']:.0f}", f"{r['peak_ratio']:.2f}"] if mem else [])
-                                for r in rows]), rows, args.json)
+                                for r, o in zip(rows, ops)]), rows, args.json)
 
 
 if __name__ == "__main__":

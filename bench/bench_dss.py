@@ -74,13 +74,17 @@ def bench_arch(data: str, arch: str, arch_args: List[str], args, device: torch.d
         fns[name] = (lambda c: lambda: step(model, sample, c))(crit)
     ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
     target_len = float(sample["target"].ne(task.target_dictionary.pad()).sum(1).float().mean())
-    return [{"arch": arch, "row": name, "ms": ms[name], "ratio": ms[name] / ms["ce"], "batch_size": args.batch_size,
+    rows = [{"arch": arch, "row": name, "ms": ms[name], "ratio": ms[name] / ms["ce"], "batch_size": args.batch_size,
              "mean_target_len": target_len, "max_target_len": int(sample["target"].size(1))} for name in fns]
+    if args.op_counts:
+        timing.op_counts(fns, rows)
+    return rows
 
 
 def format_table(rows: List[Dict]) -> str:
-    head = ["arch", "row", "ms / step", "ratio to ce"]
-    lines = [[r["arch"], r["row"], f"{r['ms']:.1f}", f"{r['ratio']:.2f}"] for r in rows]
+    ops_head, ops = timing.op_columns(rows)
+    head = ["arch", "row", "ms / step", "ratio to ce"] + ops_head
+    lines = [[r["arch"], r["row"], f"{r['ms']:.1f}", f"{r['ratio']:.2f}"] + o for r, o in zip(rows, ops)]
     return timing.table(head, lines, left=2)
 
 

@@ -152,16 +152,21 @@ def bench(name: str, args, device: torch.device) -> List[Dict]:
         crits = criteria(task, name, args.compare_decoding)
         fns = {row: (lambda c: lambda: step(model, sample, c))(c) for row, c in crits.items()}
         ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
+        rows = [{"model": name, "row": row, "ms": ms[row], "ratio": ms[row] / ms["ce"], "batch_size": args.batch_size}
+                for row in fns]
+        if args.op_counts:
+            timing.op_counts(fns, rows)
     mem = memory(name, list(fns), args)
-    return [{"model": name, "row": row, "ms": ms[row], "ratio": ms[row] / ms["ce"], "peak_mib": mem[row],
-             "peak_ratio": mem[row] / mem["ce"] if mem["ce"] > 0 else None, "batch_size": args.batch_size}
-            for row in fns]
+    for r in rows:
+        r.update(peak_mib=mem[r["row"]], peak_ratio=mem[r["row"]] / mem["ce"] if mem["ce"] > 0 else None)
+    return rows
 
 
 def format_table(rows: List[Dict]) -> str:
-    head = ["model", "row", "ms / step", "ratio to ce", "peak MiB", "peak / ce"]
+    ops_head, ops = timing.op_columns(rows)
+    head = ["model", "row", "ms / step", "ratio to ce", "peak MiB", "peak / ce"] + ops_head
     lines = [[r["model"], r["row"], f"{r['ms']:.1f}", f"{r['ratio']:.2f}", f"{r['peak_mib']:.1f}",
-              "n/a" if r["peak_ratio"] is None else f"{r['peak_ratio']:.2f}"] for r in rows]
+              "n/a" if r["peak_ratio"] is None else f"{r['peak_ratio']:.2f}"] + o for r, o in zip(rows, ops)]
     return timing.table(head, lines, left=2)
 
 

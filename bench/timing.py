@@ -110,6 +110,22 @@ def aten_calls(fn: Callable) -> int:
     return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
 
 
+def op_counts(fns: Dict[str, Callable], rows: List[Dict], ce: str = "ce") -> None:
+    """``aten_calls`` of each row's function into its row (``aten_calls``, and ``calls_ratio``
+    against row ``ce`` of the same group): for ``--op-counts``."""
+    calls = {row: aten_calls(fn) for row, fn in fns.items()}
+    for r in rows:
+        if r["row"] in calls:
+            r.update(aten_calls=calls[r["row"]], calls_ratio=calls[r["row"]] / calls[ce])
+
+
+def op_columns(rows: List[Dict]) -> Tuple[List[str], List[List[str]]]:
+    """The header and per-row cells of the operator-call columns (empty without counts)."""
+    if not rows or "aten_calls" not in rows[0]:
+        return [], [[] for _ in rows]
+    return ["aten calls", "calls / ce"], [[str(r["aten_calls"]), f"{r['calls_ratio']:.2f}"] for r in rows]
+
+
 def quick_settings(args):
     """--quick: 1 warm-up, 2 repeats, batch 8."""
     if args.quick:
