@@ -167,7 +167,8 @@ def main(argv=None) -> None:
     timing.report(f"training step of each criterion / cross-entropy step, {args.arch} ({args.size}), batch "
                   f"{args.batch_size}, device {device}{', autocast' if args.amp else ''}, {args.threads} thread(s), "
                   f"median of {args.repeats}",
-                  timing.table(["row", "ms / step", "ratio to ce"] + ops_head + (["peak MiB", "peak / ce"] if mem else []),
+                  timing.table(["row", "ms / step", "ratio to ce"] + ops_head
+                               + (["peak MiB", "peak / ce"] if mem else []),
                                [[r["row"], f"{r['ms']:.1f}", f"{r['ratio']:.2f}"] + o
                                 + ([f"{r['peak_mib']:.0f}", f"{r['peak_ratio']:.2f}"] if mem else [])
                                 for r, o in zip(rows, ops)]), rows, args.json)

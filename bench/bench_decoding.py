@@ -39,8 +39,9 @@ Settings, for every model, regime and batch size B (``--batch-sizes``: decoded r
 For the language model both decoders get the prompt as ``prefix_tokens`` (the
 SequenceGenerator limit is L + prompt length, so both generate at most L new tokens).
 "incremental" is ``decode_candidates`` with ``lean=False``: the path the static-cache
-steps replaced (``TransformerStep``, the ``lstm``'s ``LSTMStep``); its tokens are compared with ours ("= inc": the same tokens, also when sampling,
-since both draw the same random numbers for the same rows). tok/s: generated tokens
+steps replaced (``TransformerStep``, the ``lstm``'s ``LSTMStep``); its tokens are
+compared with ours ("= inc": the same tokens, also when sampling, since both draw the
+same random numbers for the same rows). tok/s: generated tokens
 (EOS included) per second of ours.
 Timing: ``time.perf_counter`` around one call, ``--warmup`` untimed calls then
 ``--repeats`` timed ones, the three decoders interleaved (alternating the order),
