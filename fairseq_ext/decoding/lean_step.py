@@ -224,10 +224,13 @@ class _DecoderStep:
         # under gradients, each weight's gradient once for all positions (``_CollectedWeight``)
         self.collect = differentiable and torch.is_grad_enabled()
 
-    def _t(self, linear, collect: bool = True) -> Tuple:
-        """``_linear`` of an nn.Linear's weight and bias."""
-        b = getattr(linear, "bias", None)
-        return self._linear(self.P(linear.weight), self.P(b) if b is not None else None, collect)
+    def _t(self, linear, collect: bool = True, scale: float = 1.0) -> Tuple:
+        """``_linear`` of an nn.Linear's weight and bias (both times ``scale``)."""
+        w, b = self.P(linear.weight), getattr(linear, "bias", None)
+        b = self.P(b) if b is not None else None
+        if scale != 1.0:
+            w, b = w * scale, (b * scale if b is not None else None)
+        return self._linear(w, b, collect)
 
     def _linear(self, w: Tensor, b: Optional[Tensor], collect: bool = True) -> Tuple:
         """(W^T, bias) of a weight (out, in) and bias (out,) (stacks (G, out, in), (G, out)
@@ -277,8 +280,11 @@ class TransformerStep(_DecoderStep):
         layers = decoder.layers
         first = layers[0].self_attn
         h, d = self.heads, self.head_dim = first.num_heads, first.head_dim
-        self.rows, self.scale = rows, d ** -0.5
+        self.rows = rows
         self._sets(weights, groups, rows, differentiable)
+        # the attention's 1 / sqrt(head_dim): under gradients folded into the query projections (an
+        # unscaled product differentiates with fewer operators), else applied to the scores
+        self.query_scale, self.scale = (d ** -0.5, 1.0) if differentiable else (1.0, d ** -0.5)
         dtype = decoder.embed_tokens.weight.dtype
         self.t = 0
         # positions: row i of a table is position pad + i (row 0, for <pad> tokens, is zero); one
@@ -297,7 +303,7 @@ class TransformerStep(_DecoderStep):
         self.count = torch.zeros(rows, dtype=torch.long, device=device)  # non-pad tokens fed so far
         # self-attention: keys and values of every layer and position, written in place; a <pad>
         # key is masked by -inf in the bias (per row, repeated over the heads)
-        if differentiable:  # per layer (rows * heads, steps so far, 2 * head_dim): each key beside its value
+        if differentiable:  # per layer (rows * heads, 2, steps so far, head_dim): keys, then values
             self.grown: List[Optional[Tensor]] = [None] * len(layers)
             self.self_bias = torch.zeros(rows * h, 1, 0, dtype=dtype, device=device)
         else:
@@ -334,7 +340,8 @@ class TransformerStep(_DecoderStep):
                 # projected once, so by autograd's own product (nothing to collect)
                 k = _mm(flat, *self._t(ea.k_proj, collect=False)).view(rows, s_len, h, d)
                 v = _mm(flat, *self._t(ea.v_proj, collect=False)).view(rows, s_len, h, d)
-                p["ea"] = {"ln": self._norm(layer.encoder_attn_layer_norm), "q": self._t(ea.q_proj),
+                p["ea"] = {"ln": self._norm(layer.encoder_attn_layer_norm),
+                           "q": self._t(ea.q_proj, scale=self.query_scale),
                            "out": self._t(ea.out_proj), "drop": drop(ea.dropout_module),
                            "keys_t": k.permute(0, 2, 3, 1).reshape(rows * h, d, s_len),
                            "values": v.transpose(1, 2).reshape(rows * h, s_len, d)}
@@ -351,7 +358,8 @@ class TransformerStep(_DecoderStep):
         """The self-attention's query, key and value projections as one, ``_t``'s form, its
         outputs ordered by head: (head, query / key / value, head_dim), so that a head's
         query, and its key beside its value, are views of the product."""
-        parts = [self._t(proj, collect=False) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)]
+        parts = [self._t(proj, collect=False, scale=scale)
+                 for proj, scale in ((attn.q_proj, self.query_scale), (attn.k_proj, 1.0), (attn.v_proj, 1.0))]
         h, d = self.heads, self.head_dim
 
         def by_head(ts):  # three (..., h * d) -> (..., h * 3 * d)
@@ -418,7 +426,7 @@ class TransformerStep(_DecoderStep):
         if rows != self.rows or rows != sentences * K:
             raise ValueError(f"mixing {self.rows} rows: weights {tuple(weights.shape)} for {sentences} sentences")
         h = self.heads
-        caches = self.grown  # (sentences * K * h, t, 2 * d) each
+        caches = self.grown  # (sentences * K * h, 2, t, d) each
         together = torch.cat([c.view(sentences, K, -1) for c in caches], 2)
         mixed = torch.bmm(weights.view(sentences, K, K).to(together.dtype), together)
         self.grown = [part.reshape(rows * h, *c.shape[1:])
@@ -427,12 +435,14 @@ class TransformerStep(_DecoderStep):
     def _self_attention(self, i: int, x: Tensor, p: Dict) -> Tensor:
         n, h, d, t = self.rows, self.heads, self.head_dim, self.t
         qkv = _mm(x, *p["qkv"]).view(n, h, 3, d)  # per head its query, key and value (``_qkv``)
-        q = qkv[:, :, 0].reshape(n * h, 1, d)  # views: no copy
-        if self.differentiable:
-            kv = qkv[:, :, 1:].reshape(n * h, 1, 2 * d)
-            kv = self.grown[i] = kv if self.grown[i] is None else torch.cat([self.grown[i], kv], 1)
-            return _attend(q, kv[..., :d].transpose(1, 2), kv[..., d:], self.self_bias, self.scale,
+        if self.differentiable:  # unbind and stack: one autograd node each, where slices would make three
+            q, k, v = qkv.unbind(2)
+            kv = torch.stack([k, v], 2).view(n * h, 2, 1, d)
+            kv = self.grown[i] = kv if self.grown[i] is None else torch.cat([self.grown[i], kv], 2)
+            keys, values = kv.unbind(1)
+            return _attend(q.reshape(n * h, 1, d), keys.transpose(1, 2), values, self.self_bias, self.scale,
                            p["drop_sa"]).view(n, h * d)
+        q = qkv[:, :, 0].reshape(n * h, 1, d)  # a view: no copy
         self.kv[i, :, :, :, t] = qkv[:, :, 1:].permute(2, 0, 1, 3)
         keys_t = self.keys[i][:, : t + 1].transpose(1, 2)
         return _attend(q, keys_t, self.values[i][:, : t + 1], self.self_bias_3d[..., : t + 1], self.scale).view(n, h * d)
