@@ -34,8 +34,10 @@ from fairseq_ext.synthetic import tiny_models
 
 VARIANTS = {  # name: (architecture, options)
     "post-norm, sinusoidal": ("transformer", []),
-    "pre-norm, learned positions": ("transformer", ["--decoder-normalize-before", "--encoder-normalize-before",
-                                                    "--decoder-learned-pos", "--encoder-learned-pos"]),
+    # one head of 16: the differentiable step folds the attention's scale 1/4 into the queries
+    "pre-norm, learned positions, one head": ("transformer", [
+        "--decoder-normalize-before", "--encoder-normalize-before", "--decoder-learned-pos", "--encoder-learned-pos",
+        "--decoder-attention-heads", "1", "--encoder-attention-heads", "1"]),
     "lstm": ("lstm", []),
     # residual connections have no option in fairseq's lstm: set on the decoder
     "lstm, 2 layers, bidirectional, residuals, out-embed 12, shared": (

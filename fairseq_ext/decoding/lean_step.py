@@ -31,6 +31,7 @@ on its modules, LayerDrop in training); ``use_step(decoder, who)`` says so once 
 the log, and callers then use fairseq's path.
 """
 import logging
+import math
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -125,11 +126,13 @@ def decoder_step(model, encoder_out, expand: Tensor, max_steps: int,
 
 class _Pairs:
     """The (input, output gradient) pairs of one weight's products in a decode, kept by
-    their backward passes (``_Product``) for the weight's gradient (``_CollectedWeight``)."""
+    their backward passes (``_Product``) for the weight's gradient (``_CollectedWeight``);
+    ``w``: W (a view of W^T), which every product's input gradient multiplies by."""
 
     def __init__(self):
         self.inputs: List[Tensor] = []
         self.grads: List[Tensor] = []
+        self.w: Optional[Tensor] = None
 
 
 class _CollectedWeight(torch.autograd.Function):
@@ -142,6 +145,7 @@ class _CollectedWeight(torch.autograd.Function):
     def forward(ctx, pairs: _Pairs, wt: Tensor, b: Optional[Tensor]):
         ctx.set_materialize_grads(False)
         ctx.pairs, ctx.dtypes = pairs, (wt.dtype, None if b is None else b.dtype)
+        pairs.w = wt.t()
         return wt.view_as(wt), (None if b is None else b.view_as(b))
 
     @staticmethod
@@ -165,18 +169,19 @@ class _Product(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, wt: Tensor, b: Optional[Tensor], pairs: _Pairs) -> Tensor:
-        ctx.save_for_backward(x, wt)
+        ctx.save_for_backward(x)
         ctx.pairs = pairs
         return torch.mm(x, wt) if b is None else torch.addmm(b, x, wt)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        x, wt = ctx.saved_tensors
-        ctx.pairs.inputs.append(x)
-        ctx.pairs.grads.append(grad)
+        x, = ctx.saved_tensors
+        pairs = ctx.pairs
+        pairs.inputs.append(x)
+        pairs.grads.append(grad)
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad.mm((wt if wt.dtype == grad.dtype else wt.to(grad.dtype)).t())
+            grad_x = grad.mm(pairs.w if pairs.w.dtype == grad.dtype else pairs.w.to(grad.dtype))
             grad_x = grad_x if grad_x.dtype == x.dtype else grad_x.to(x.dtype)
         return grad_x, None, None, None
 
@@ -282,9 +287,12 @@ class TransformerStep(_DecoderStep):
         h, d = self.heads, self.head_dim = first.num_heads, first.head_dim
         self.rows = rows
         self._sets(weights, groups, rows, differentiable)
-        # the attention's 1 / sqrt(head_dim): under gradients folded into the query projections (an
-        # unscaled product differentiates with fewer operators), else applied to the scores
-        self.query_scale, self.scale = (d ** -0.5, 1.0) if differentiable else (1.0, d ** -0.5)
+        # the attention's 1 / sqrt(head_dim): under gradients folded into the query projections where
+        # that is exact (a power of two: head_dim a power of 4, e.g. 64; an unscaled product
+        # differentiates with fewer operators), else applied to the scores
+        scale = d ** -0.5
+        exact = math.frexp(scale)[0] == 0.5
+        self.query_scale, self.scale = (scale, 1.0) if differentiable and exact else (1.0, scale)
         dtype = decoder.embed_tokens.weight.dtype
         self.t = 0
         # positions: row i of a table is position pad + i (row 0, for <pad> tokens, is zero); one
