@@ -338,7 +338,7 @@ class TransformerStep(_DecoderStep):
         for layer in layers:
             sa = layer.self_attn
             p = {"pre": layer.normalize_before, "sa_ln": self._norm(layer.self_attn_layer_norm),
-                 "qkv": self._qkv(sa), "sa_out": self._t(sa.out_proj),
+                 **self._qkv(sa), "sa_out": self._t(sa.out_proj),
                  "ffn_ln": self._norm(layer.final_layer_norm), "fc1": self._t(layer.fc1), "fc2": self._t(layer.fc2),
                  "act": layer.activation_fn, "ea": None, "drop_sa": drop(sa.dropout_module),
                  "drop": drop(layer.dropout_module), "drop_act": drop(layer.activation_dropout_module)}
@@ -362,19 +362,27 @@ class TransformerStep(_DecoderStep):
         self.layer_norm = self._norm(decoder.layer_norm)
 
 
-    def _qkv(self, attn) -> Tuple[Tensor, Optional[Tensor]]:
-        """The self-attention's query, key and value projections as one, ``_t``'s form, its
-        outputs ordered by head: (head, query / key / value, head_dim), so that a head's
-        query, and its key beside its value, are views of the product."""
+    def _qkv(self, attn) -> Dict[str, Tuple]:
+        """The self-attention's projections in ``_t``'s form: ``qkv``, the query, key and
+        value projections as one, its outputs ordered by head (head, query / key / value,
+        head_dim), so that a head's query, and its key beside its value, are views of the
+        product; the differentiable step: ``q``, the query's, and ``kv``, the key's and
+        value's as one (head, key / value, head_dim) (views split by autograd would cost
+        more operators in the backward than a second product)."""
         parts = [self._t(proj, collect=False, scale=scale)
                  for proj, scale in ((attn.q_proj, self.query_scale), (attn.k_proj, 1.0), (attn.v_proj, 1.0))]
         h, d = self.heads, self.head_dim
 
-        def by_head(ts):  # three (..., h * d) -> (..., h * 3 * d)
+        def by_head(ts):  # (..., h * d) each -> (..., h * len(ts) * d)
             return torch.stack([t.view(*t.shape[:-1], h, d) for t in ts], -2).flatten(-3)
-        biases = [b for _, b in parts]
-        wt, b = by_head([w for w, _ in parts]), (by_head(biases) if all(b is not None for b in biases) else None)
-        return (wt, b) if self.groups > 1 else self._collected(wt, b)
+
+        def joined(parts):
+            biases = [b for _, b in parts]
+            wt, b = by_head([w for w, _ in parts]), (by_head(biases) if all(b is not None for b in biases) else None)
+            return (wt, b) if self.groups > 1 else self._collected(wt, b)
+        if self.differentiable:
+            return {"q": self._collected(*parts[0]) if self.groups == 1 else parts[0], "kv": joined(parts[1:])}
+        return {"qkv": joined(parts)}
 
     def _norm(self, ln) -> Optional[Tuple]:
         """(shape, weight, bias, eps) of a LayerNorm for ``_ln`` (None for no LayerNorm)."""
@@ -442,14 +450,13 @@ class TransformerStep(_DecoderStep):
 
     def _self_attention(self, i: int, x: Tensor, p: Dict) -> Tensor:
         n, h, d, t = self.rows, self.heads, self.head_dim, self.t
-        qkv = _mm(x, *p["qkv"]).view(n, h, 3, d)  # per head its query, key and value (``_qkv``)
-        if self.differentiable:  # unbind and stack: one autograd node each, where slices would make three
-            q, k, v = qkv.unbind(2)
-            kv = torch.stack([k, v], 2).view(n * h, 2, 1, d)
+        if self.differentiable:  # the query, and each head's key beside its value (``_qkv``)
+            q = _mm(x, *p["q"]).view(n * h, 1, d)
+            kv = _mm(x, *p["kv"]).view(n * h, 2, 1, d)
             kv = self.grown[i] = kv if self.grown[i] is None else torch.cat([self.grown[i], kv], 2)
-            keys, values = kv.unbind(1)
-            return _attend(q.reshape(n * h, 1, d), keys.transpose(1, 2), values, self.self_bias, self.scale,
-                           p["drop_sa"]).view(n, h * d)
+            keys, values = kv.unbind(1)  # one autograd node, where two slices would make two zero caches
+            return _attend(q, keys.transpose(1, 2), values, self.self_bias, self.scale, p["drop_sa"]).view(n, h * d)
+        qkv = _mm(x, *p["qkv"]).view(n, h, 3, d)  # per head its query, key and value (``_qkv``)
         q = qkv[:, :, 0].reshape(n * h, 1, d)  # a view: no copy
         self.kv[i, :, :, :, t] = qkv[:, :, 1:].permute(2, 0, 1, 3)
         keys_t = self.keys[i][:, : t + 1].transpose(1, 2)
