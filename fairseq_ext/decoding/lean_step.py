@@ -186,6 +186,45 @@ class _Product(torch.autograd.Function):
         return grad_x, None, None, None
 
 
+class _CollectedTable(torch.autograd.Function):
+    """A table (token or position embeddings) as it is, for rows gathered once per position
+    of a decode (``_Gathered``); its gradient is one index_add of every position's rows'
+    gradients, not a table-sized gradient per position and their sum."""
+
+    @staticmethod
+    def forward(ctx, pairs: _Pairs, table: Tensor):
+        ctx.set_materialize_grads(False)
+        ctx.pairs, ctx.shape, ctx.dtype = pairs, table.shape, table.dtype
+        return table.view_as(table)
+
+    @staticmethod
+    def backward(ctx, grad_table: Optional[Tensor]):
+        pairs = ctx.pairs
+        if pairs.grads:
+            g = torch.cat(pairs.grads)
+            summed = g.new_zeros(ctx.shape).index_add_(0, torch.cat(pairs.inputs), g).to(ctx.dtype)
+            pairs.inputs, pairs.grads = [], []
+            grad_table = summed if grad_table is None else grad_table + summed
+        return None, grad_table
+
+
+class _Gathered(torch.autograd.Function):
+    """Rows ``index`` of ``_CollectedTable``'s table: its backward keeps (index, gradient)."""
+
+    @staticmethod
+    def forward(ctx, table: Tensor, index: Tensor, pairs: _Pairs) -> Tensor:
+        ctx.save_for_backward(index)
+        ctx.pairs = pairs
+        return table.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        index, = ctx.saved_tensors
+        ctx.pairs.inputs.append(index)
+        ctx.pairs.grads.append(grad)
+        return None, None, None
+
+
 def _mm(x: Tensor, wt: Tensor, b: Optional[Tensor], pairs: Optional[_Pairs] = None) -> Tensor:
     """x W^T + b for (rows, C) x. Grouped weights (wt (G, C, C'), b (G, 1, C')): the rows
     are G equal blocks, block g multiplied by group g's weights. ``pairs``: (W^T, b) from
@@ -252,6 +291,20 @@ class _DecoderStep:
         pairs = _Pairs()
         return (*_CollectedWeight.apply(pairs, wt, b), pairs)
 
+    def _table(self, table: Tensor) -> Tuple[Tensor, Optional[_Pairs]]:
+        """(table, pairs) for ``_rows``: under gradients the table's gradient is collected
+        once for every position (``_CollectedTable``), where it requires one."""
+        if not (self.collect and table.requires_grad):
+            return table, None
+        pairs = _Pairs()
+        return _CollectedTable.apply(pairs, table), pairs
+
+    @staticmethod
+    def _rows(table: Tuple[Tensor, Optional[_Pairs]], index: Tensor) -> Tensor:
+        """Rows ``index`` of a ``_table``."""
+        t, pairs = table
+        return t.index_select(0, index) if pairs is None else _Gathered.apply(t, index, pairs)
+
 
 class TransformerStep(_DecoderStep):
     """Decoder steps of ``model`` for ``rows`` sequences of at most ``max_steps`` tokens.
@@ -302,7 +355,8 @@ class TransformerStep(_DecoderStep):
         tables = [decoder.embed_positions(probe)[0]] if groups == 1 or not learned else [
             torch.func.functional_call(decoder.embed_positions, {k: self.P(v)[g] for k, v in learned.items()},
                                        (probe,))[0] for g in range(groups)]
-        self.positions = torch.cat([torch.cat([t.new_zeros(1, t.size(1)), t]) for t in tables]).to(dtype)
+        positions = torch.cat([torch.cat([t.new_zeros(1, t.size(1)), t]) for t in tables]).to(dtype)
+        self.positions = self._table(positions)
         # per row, where its set's rows start in the token embeddings and in the position tables
         self.offsets = None
         if groups > 1:
@@ -357,7 +411,8 @@ class TransformerStep(_DecoderStep):
         self.project_in = self._t(decoder.project_in_dim) if decoder.project_in_dim is not None else None
         self.project_out = self._t(decoder.project_out_dim) if decoder.project_out_dim is not None else None
         self.output = self._t(decoder.output_projection)
-        self.embed = self.P(decoder.embed_tokens.weight).reshape(-1, decoder.embed_tokens.embedding_dim)
+        embed = decoder.embed_tokens
+        self.embed = self._table(self.P(embed.weight).reshape(-1, embed.embedding_dim))
         self.layernorm_embedding = self._norm(decoder.layernorm_embedding)
         self.layer_norm = self._norm(decoder.layer_norm)
 
@@ -485,16 +540,16 @@ class TransformerStep(_DecoderStep):
         if self.offsets is not None:
             tokens, position = tokens + self.offsets[0], position + self.offsets[1]
         if embeds is not None and replace is None:
-            x = embeds.to(self.embed.dtype)
+            x = embeds.to(self.embed[0].dtype)
         else:
-            x = self.embed.index_select(0, tokens)
+            x = self._rows(self.embed, tokens)
             if replace is not None:
                 x = torch.where(replace[:, None], embeds.to(x.dtype), x)
         if d.embed_scale != 1:
             x = x * d.embed_scale
         if self.project_in is not None:
             x = _mm(x, *self.project_in)
-        x = x + self.positions.index_select(0, position)
+        x = x + self._rows(self.positions, position)
         if self.layernorm_embedding is not None:
             x = _ln(x, self.layernorm_embedding)
         x = _dropout(x, self.drop_embed)

@@ -93,7 +93,8 @@ class LSTMStep(_DecoderStep):
             self.output = self._linear(self.P(decoder.embed_tokens.weight), None)
         else:
             self.output = self._t(decoder.fc_out)
-        self.embed = self.P(decoder.embed_tokens.weight).reshape(-1, decoder.embed_tokens.embedding_dim)
+        embed = decoder.embed_tokens
+        self.embed = self._table(self.P(embed.weight).reshape(-1, embed.embedding_dim))
         self.offsets = None  # per row, where its set's rows start in the token embeddings
         if groups > 1:
             self.offsets = torch.arange(rows, device=device) // (rows // groups) * decoder.embed_tokens.num_embeddings
@@ -133,9 +134,9 @@ class LSTMStep(_DecoderStep):
         embeddings where ``replace``, every row where it is None); (rows, V) output scores."""
         d = self.decoder
         if embeds is not None and replace is None:
-            x = embeds.to(self.embed.dtype)
+            x = embeds.to(self.embed[0].dtype)
         else:
-            x = self.embed.index_select(0, tokens if self.offsets is None else tokens + self.offsets)
+            x = self._rows(self.embed, tokens if self.offsets is None else tokens + self.offsets)
             if replace is not None:
                 x = torch.where(replace[:, None], embeds.to(x.dtype), x)
         x = _dropout(x, self.drop_in)
