@@ -257,28 +257,29 @@ def test_mh_sampler_runs_on_cuda(toy_bin, tmp_path):
     assert len(scores) == 40 and all(math.isfinite(s) for s in scores)
 
 
-@pytest.mark.parametrize("arch", ["transformer", "transformer_lm"])
+@pytest.mark.parametrize("arch", ["transformer", "transformer_lm", "lstm", "lstm_lm"])
 def test_static_cache_decoding_on_cuda(arch, toy_bin, toy_lm_bin):
-    """The static-cache decoder step on CUDA (float32): fairseq's full teacher-forced forward
+    """The static-cache decoder steps on CUDA (float32): fairseq's full teacher-forced forward
     within 1e-4 at every position, and candidates equal to fairseq's incremental path's
     (greedy, and sampled with one CUDA generator: the same draws for the same rows)."""
     from fairseq import utils
 
     from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
-    from fairseq_ext.decoding.lean_step import TransformerStep
+    from fairseq_ext.decoding.lean_step import decoder_step, unsupported_reason
     from fairseq_ext.decoding.scoring import BatchScorer
 
-    data, task_name, extra = ((toy_bin, "translation", []) if arch == "transformer"
+    data, task_name, extra = ((toy_bin, "translation", []) if arch in ("transformer", "lstm")
                               else (toy_lm_bin, "text_completion", ["--completion-context-size", "3"]))
     task, model, _ = tiny_models.build_task_and_model(data, task_name, arch, extra, seed=2)
     model = model.cuda().eval()
+    assert unsupported_reason(model.decoder) is None
     task.load_dataset("valid")
     ds = task.dataset("valid")
     sample = utils.move_to_cuda(ds.collater([ds[i] for i in range(12)]))
     batch, prefix = BatchScorer(task, "edit").decode_inputs(sample, task.target_dictionary)
     d = task.target_dictionary
     with torch.no_grad():
-        if arch == "transformer":
+        if arch in ("transformer", "lstm"):
             enc = model.encoder.forward_torchscript(sample["net_input"])
             prev = sample["net_input"]["prev_output_tokens"]
             full = model.decoder(prev, encoder_out=enc)[0]
@@ -287,7 +288,7 @@ def test_static_cache_decoding_on_cuda(arch, toy_bin, toy_lm_bin):
             p = sample["prefix"]
             prev = torch.cat([torch.full((p.size(0), 1), d.eos(), device=p.device), p, sample["target"][:, :-1]], 1)
             full = model.decoder(prev)[0]
-        step = TransformerStep(model, enc, torch.arange(prev.size(0), device=prev.device), prev.size(1))
+        step = decoder_step(model, enc, torch.arange(prev.size(0), device=prev.device), prev.size(1))
         lean = torch.stack([step.logits(prev[:, t]) for t in range(prev.size(1))], 1)
     real = prev.ne(d.pad())
     assert (lean - full)[real].abs().max().item() < 1e-4
