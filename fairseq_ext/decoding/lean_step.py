@@ -388,7 +388,7 @@ class TransformerStep(_DecoderStep):
                 pad_mask = encoder_out["encoder_padding_mask"][0].index_select(0, expand)
                 self.enc_bias.masked_fill_(pad_mask[:, None, None, :], float("-inf"))
             self.enc_bias = self.enc_bias.view(rows * h, 1, s_len)
-        self.layers = []
+        self.layers, enc_kv = [], []
         for layer in layers:
             sa = layer.self_attn
             p = {"pre": layer.normalize_before, "sa_ln": self._norm(layer.self_attn_layer_norm),
@@ -400,14 +400,16 @@ class TransformerStep(_DecoderStep):
             if ea is not None and enc is not None:
                 flat = enc.reshape(rows * s_len, -1)
                 # projected once, so by autograd's own product (nothing to collect)
-                k = _mm(flat, *self._t(ea.k_proj, collect=False)).view(rows, s_len, h, d)
-                v = _mm(flat, *self._t(ea.v_proj, collect=False)).view(rows, s_len, h, d)
+                enc_kv += [_mm(flat, *self._t(proj, collect=False)).view(rows, s_len, h, d).transpose(1, 2)
+                           for proj in (ea.k_proj, ea.v_proj)]
                 p["ea"] = {"ln": self._norm(layer.encoder_attn_layer_norm),
                            "q": self._t(ea.q_proj, scale=self.query_scale),
-                           "out": self._t(ea.out_proj), "drop": drop(ea.dropout_module),
-                           "keys_t": k.permute(0, 2, 3, 1).reshape(rows * h, d, s_len),
-                           "values": v.transpose(1, 2).reshape(rows * h, s_len, d)}
+                           "out": self._t(ea.out_proj), "drop": drop(ea.dropout_module)}
             self.layers.append(p)
+        # the encoder's keys and values of every layer in one tensor (2 x layers, rows, heads, S,
+        # head_dim): one index_select reorders them all
+        self.enc_kv = torch.stack(enc_kv) if enc_kv else None
+        self._encoder_views()
         self.project_in = self._t(decoder.project_in_dim) if decoder.project_in_dim is not None else None
         self.project_out = self._t(decoder.project_out_dim) if decoder.project_out_dim is not None else None
         self.output = self._t(decoder.output_projection)
@@ -448,6 +450,15 @@ class TransformerStep(_DecoderStep):
             w, b = self.P(w)[:, None], self.P(b)[:, None]
         return ln.normalized_shape, w, b, ln.eps
 
+    def _encoder_views(self) -> None:
+        """Per layer with encoder attention, the (rows * heads, head_dim, S) keys and (rows *
+        heads, S, head_dim) values its products read: views of ``enc_kv`` (one autograd node)."""
+        if self.enc_kv is None:
+            return
+        parts = self.enc_kv.flatten(1, 2).unbind(0)
+        for j, ea in enumerate(p["ea"] for p in self.layers if p["ea"] is not None):
+            ea["keys_t"], ea["values"] = parts[2 * j].transpose(1, 2), parts[2 * j + 1]
+
     def _cache_views(self) -> None:
         """Per layer, the (rows * heads, steps, head_dim) views of the keys and values the
         attention products read, and the bias's (rows * heads, 1, steps) view."""
@@ -479,9 +490,9 @@ class TransformerStep(_DecoderStep):
             self._cache_views()
         if self.enc_bias is not None:
             self.enc_bias = rows_of(self.enc_bias)
-        for p in self.layers:
-            if p["ea"] is not None:
-                p["ea"]["keys_t"], p["ea"]["values"] = rows_of(p["ea"]["keys_t"]), rows_of(p["ea"]["values"])
+        if self.enc_kv is not None:
+            self.enc_kv = self.enc_kv.index_select(1, index)
+            self._encoder_views()
 
     def mix(self, weights: Tensor, sentences: int) -> None:
         """The soft beam's reorder (differentiable step): the rows are ``sentences`` groups
