@@ -111,9 +111,10 @@ def soft_beam_step(
     new_scores = (cand.masked_fill(~finite, 0.0).unsqueeze(1) * p).sum((-1, -2))
     alive = backpointers.sum(-1) > 0
     new_scores = new_scores.masked_fill(~alive, NEG_INF)
-    new_costs = torch.einsum("bij,bj->bi", backpointers, costs)
+    # batched matrix-vector products (einsum would add permutes and reshapes, forward and backward)
+    new_costs = torch.bmm(backpointers, costs.unsqueeze(-1)).squeeze(-1)
     if step_costs is not None:
-        new_costs = new_costs + torch.einsum("biv,bv->bi", outputs, step_costs)
+        new_costs = new_costs + torch.bmm(outputs, step_costs.unsqueeze(-1)).squeeze(-1)
     joint = p.flatten(-2).argmax(-1)  # the MAP (beam, output) pair of each p_i
     vocab = cand.size(-1)
     return BeamStep(backpointers, outputs, new_scores, new_costs, joint // vocab, joint % vocab)
