@@ -62,10 +62,6 @@ ROWS = {
 }
 
 
-# an lstm of the thesis's MT size (bench_dss.py's), as overrides of tiny_models.TINY_ARCHS["lstm"]
-LSTM = ["--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-hidden-size", "256",
-        "--decoder-hidden-size", "256", "--decoder-out-embed-dim", "256"]
-
 # transformer_iwslt_de_en's shape, as overrides of tiny_models.TINY_ARCHS["transformer"]
 IWSLT = ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim", "512", "--decoder-embed-dim", "512",
          "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
@@ -75,7 +71,7 @@ IWSLT = ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim"
 def build(data: str, quick: bool, device: torch.device, size: str = "small", model_arch: str = "transformer"):
     """(task, model, the criterions of ROWS) sharing one task and model."""
     if model_arch == "lstm":
-        arch = [] if quick else LSTM
+        arch = [] if quick else timing.LSTM
     else:
         arch = [] if quick else (IWSLT if size == "iwslt" else timing.TRANSFORMER)
     task, model, _ = tiny_models.build_task_and_model(data, "translation", model_arch, arch + ["--dropout", "0.1"])

@@ -45,9 +45,7 @@ import timing  # bench/timing.py, beside this script
 
 ARCHS = {
     "transformer": ["--arch", "transformer", *timing.TRANSFORMER],
-    "lstm": ["--arch", "lstm", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "256",
-             "--decoder-embed-dim", "256", "--encoder-hidden-size", "256", "--decoder-hidden-size", "256",
-             "--decoder-out-embed-dim", "256"],
+    "lstm": ["--arch", "lstm", *timing.LSTM],
 }
 QUICK_ARCHS = {name: tiny_models.TINY_ARCHS[name] for name in ARCHS}
 VARIANTS = [("dss soft-argmax", "soft-argmax", 0), ("dss hard-argmax", "hard-argmax", 0),

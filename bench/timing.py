@@ -15,6 +15,9 @@ CLOCKS = {"process": time.process_time, "wall": time.perf_counter}
 TRANSFORMER = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
                "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
                "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+# the lstm of the thesis's MT size: 1+1 layers of 256 units (bench_dss, bench_criteria --arch lstm)
+LSTM = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
+        "--encoder-hidden-size", "256", "--decoder-hidden-size", "256", "--decoder-out-embed-dim", "256"]
 
 
 def sync(device: torch.device) -> None:

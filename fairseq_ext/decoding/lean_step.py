@@ -268,6 +268,26 @@ class _DecoderStep:
         # under gradients, each weight's gradient once for all positions (``_CollectedWeight``)
         self.collect = differentiable and torch.is_grad_enabled()
 
+    def _reordered_rows(self, index: Tensor) -> None:
+        """``reorder``'s new row count, which must keep the parameter sets' equal blocks."""
+        if index.numel() % self.groups:
+            raise ValueError(f"{index.numel()} rows break the {self.groups} equal blocks of the parameter sets")
+        self.rows = index.numel()
+
+    def _mixed(self, states: List[Tensor], weights: Tensor, sentences: int) -> List[Tensor]:
+        """``mix`` of per-row states, each laid out rows first (its first dimension the rows,
+        or the rows times a factor, row-major): row r of the result is sum_j weights[r, j]
+        x row j of r's sentence; all states in one batched product."""
+        if not self.differentiable:
+            raise ValueError("mixing rows needs the differentiable step")
+        rows, K = weights.shape
+        if rows != self.rows or rows != sentences * K:
+            raise ValueError(f"mixing {self.rows} rows: weights {tuple(weights.shape)} for {sentences} sentences")
+        together = torch.cat([state.view(sentences, K, -1) for state in states], 2)
+        mixed = torch.bmm(weights.view(sentences, K, K).to(together.dtype), together)
+        return [part.reshape(state.shape)
+                for part, state in zip(mixed.split([state.numel() // rows for state in states], 2), states)]
+
     def _t(self, linear, collect: bool = True, scale: float = 1.0) -> Tuple:
         """``_linear`` of an nn.Linear's weight and bias (both times ``scale``)."""
         w, b = self.P(linear.weight), getattr(linear, "bias", None)
@@ -286,7 +306,8 @@ class _DecoderStep:
         return self._collected(w.t().contiguous(), b) if collect else (w.t().contiguous(), b)
 
     def _collected(self, wt: Tensor, b: Optional[Tensor]) -> Tuple:
-        if not self.collect:
+        """(W^T, b, pairs) under gradients (one parameter set), else (W^T, b) as they are."""
+        if not self.collect or self.groups > 1:
             return wt, b
         pairs = _Pairs()
         return (*_CollectedWeight.apply(pairs, wt, b), pairs)
@@ -435,10 +456,10 @@ class TransformerStep(_DecoderStep):
 
         def joined(parts):
             biases = [b for _, b in parts]
-            wt, b = by_head([w for w, _ in parts]), (by_head(biases) if all(b is not None for b in biases) else None)
-            return (wt, b) if self.groups > 1 else self._collected(wt, b)
+            return self._collected(by_head([w for w, _ in parts]),
+                                   by_head(biases) if all(b is not None for b in biases) else None)
         if self.differentiable:
-            return {"q": self._collected(*parts[0]) if self.groups == 1 else parts[0], "kv": joined(parts[1:])}
+            return {"q": self._collected(*parts[0]), "kv": joined(parts[1:])}
         return {"qkv": joined(parts)}
 
     def _norm(self, ln) -> Optional[Tuple]:
@@ -472,9 +493,7 @@ class TransformerStep(_DecoderStep):
         (a compaction, done rarely: each copies the caches, to stop computing rows that
         finished), repeating them (a beam's expansion) or following backpointers."""
         n_old, h, n = self.rows, self.heads, index.numel()
-        if n % self.groups:
-            raise ValueError(f"{n} rows break the {self.groups} equal blocks of the parameter sets")
-        self.rows = n
+        self._reordered_rows(index)
         self.count, self.zeros = self.count.index_select(0, index), self.zeros.index_select(0, index)
         if self.offsets is not None:
             self.offsets = tuple(o.index_select(0, index) for o in self.offsets)
@@ -502,17 +521,7 @@ class TransformerStep(_DecoderStep):
         encoder's keys, values and padding; the positions and padding of the tokens fed)
         must be the same for a sentence's rows, as it is in a beam search (one source, the
         same number of tokens fed, none of them padding): it stays as it is."""
-        if not self.differentiable:
-            raise ValueError("mixing rows needs the differentiable step")
-        rows, K = weights.shape
-        if rows != self.rows or rows != sentences * K:
-            raise ValueError(f"mixing {self.rows} rows: weights {tuple(weights.shape)} for {sentences} sentences")
-        h = self.heads
-        caches = self.grown  # (sentences * K * h, 2, t, d) each
-        together = torch.cat([c.view(sentences, K, -1) for c in caches], 2)
-        mixed = torch.bmm(weights.view(sentences, K, K).to(together.dtype), together)
-        self.grown = [part.reshape(rows * h, *c.shape[1:])
-                      for part, c in zip(mixed.split([c[0].numel() * h for c in caches], 2), caches)]
+        self.grown = self._mixed(self.grown, weights, sentences)  # (rows * h, 2, t, d) each
 
     def _self_attention(self, i: int, x: Tensor, p: Dict) -> Tensor:
         n, h, d, t = self.rows, self.heads, self.head_dim, self.t

@@ -16,7 +16,7 @@ and its full forward are the same function, and the step follows both (also with
 the decoder's own modules, called in fairseq's order on tensors of fairseq's sizes:
 the same masks for the same random state.
 """
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -101,9 +101,7 @@ class LSTMStep(_DecoderStep):
 
     def reorder(self, index: Tensor) -> None:
         """Row i becomes the old row ``index[i]``, in every per-row state."""
-        if index.numel() % self.groups:
-            raise ValueError(f"{index.numel()} rows break the {self.groups} equal blocks of the parameter sets")
-        self.rows = index.numel()
+        self._reordered_rows(index)
         self.h = [h.index_select(0, index) for h in self.h]
         self.c = [c.index_select(0, index) for c in self.c]
         for name in ("feed", "source", "source_bias", "offsets"):
@@ -115,15 +113,7 @@ class LSTMStep(_DecoderStep):
         """The soft beam's reorder, as ``TransformerStep.mix``: every layer's hidden and cell
         states and the input feed mixed by one batched product; the source states (the same
         for a sentence's rows) stay as they are."""
-        if not self.differentiable:
-            raise ValueError("mixing rows needs the differentiable step")
-        rows, K = weights.shape
-        if rows != self.rows or rows != sentences * K:
-            raise ValueError(f"mixing {self.rows} rows: weights {tuple(weights.shape)} for {sentences} sentences")
-        states: List[Tensor] = self.h + self.c + ([self.feed] if self.feed is not None else [])
-        together = torch.cat(states, 1).view(sentences, K, -1)
-        mixed = torch.bmm(weights.view(sentences, K, K).to(together.dtype), together).view(rows, -1)
-        parts = list(mixed.split([s.size(1) for s in states], 1))
+        parts = self._mixed(self.h + self.c + ([self.feed] if self.feed is not None else []), weights, sentences)
         n = len(self.h)
         self.h, self.c = parts[:n], parts[n:2 * n]
         if self.feed is not None:
