@@ -119,13 +119,16 @@ def _with_specials(prev, d):
     return prev
 
 
-def _stepwise(model, encoder_out, prev):
-    step = decoder_step(model, encoder_out, torch.arange(prev.size(0)), prev.size(1))
+def _stepwise(model, encoder_out, prev, capturable=False):
+    step = decoder_step(model, encoder_out, torch.arange(prev.size(0)), prev.size(1), capturable=capturable)
     return torch.stack([step.logits(prev[:, t]) for t in range(prev.size(1))], 1)
 
 
+@pytest.mark.parametrize("capturable", [False, True], ids=["", "capturable"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
-def test_step_equals_the_full_forward_of_a_translation_model(translation, softmax_in_dtype, dtype, tol):
+def test_step_equals_the_full_forward_of_a_translation_model(translation, softmax_in_dtype, dtype, tol, capturable):
+    """Also the capturable step (position a tensor, caches written by index_copy_, the
+    attention over every position with those not yet fed masked; states in place)."""
     task, model = translation
     assert unsupported_reason(model.decoder) is None
     model = model.to(dtype)
@@ -136,7 +139,7 @@ def test_step_equals_the_full_forward_of_a_translation_model(translation, softma
             with torch.no_grad():
                 enc = model.encoder.forward_torchscript(sample["net_input"])
                 full = model.decoder(prev, encoder_out=enc)[0]
-                lean = _stepwise(model, enc, prev)
+                lean = _stepwise(model, enc, prev, capturable)
             real = prev.ne(d.pad())  # outputs at <pad> positions are not used by anything
             assert (lean - full)[real].abs().max().item() < tol
             assert full.abs().max().item() > 1
@@ -144,10 +147,12 @@ def test_step_equals_the_full_forward_of_a_translation_model(translation, softma
         model.float()
 
 
+@pytest.mark.parametrize("capturable", [False, True], ids=["", "capturable"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("which", ["transformer_lm", "lstm_lm"])
 def test_step_equals_the_full_forward_of_a_language_model_after_a_prefix(language_model, lstm_language_model,
-                                                                         softmax_in_dtype, which, dtype, tol):
+                                                                         softmax_in_dtype, which, dtype, tol,
+                                                                         capturable):
     task, model = language_model if which == "transformer_lm" else lstm_language_model
     assert unsupported_reason(model.decoder) is None
     assert which == "transformer_lm" or (model.decoder.residuals and model.decoder.num_layers == 2)
@@ -160,7 +165,7 @@ def test_step_equals_the_full_forward_of_a_language_model_after_a_prefix(languag
         for p in (prev, _with_specials(prev, d)):
             with torch.no_grad():
                 full = model.decoder(p)[0]
-                lean = _stepwise(model, None, p)
+                lean = _stepwise(model, None, p, capturable)
             real = p.ne(d.pad())
             assert (lean - full)[real].abs().max().item() < tol
     finally:
