@@ -2,14 +2,16 @@
 PG and evaluation call.
 
 Greedy and ancestral sampling (temperature, top-k, top-p) of a fairseq
-``transformer`` / ``transformer_lm`` run ``lean_step.TransformerStep``: static caches,
-one step of few operators for all B x n rows, finished rows masked, and dropped from
-every cache together once at most half of the rows still run.
-Other decoders (``lstm``, ...) run fairseq's incremental decoding, dropping finished
-rows by reordering the incremental state; ``DecodeConfig.lean = False`` selects that
-path for every model (it is the reference the lean step is tested against). Both
-paths draw the same random numbers for the same rows. Beam search delegates to
-fairseq's ``SequenceGenerator``. All strategies return the same ``Candidates``.
+``transformer`` / ``transformer_lm`` / ``lstm`` / ``lstm_lm`` run the static-cache step
+(``lean_step.decoder_step``): one step of few operators for all B x n rows, finished
+rows masked, and dropped from every cache together once at most half of the rows still
+run; on a CUDA device the step is replayed from a CUDA graph (``graphed_step``;
+``DecodeConfig.cuda_graphs = "off"`` never records).
+Other decoders run fairseq's incremental decoding, dropping finished rows by
+reordering the incremental state; ``DecodeConfig.lean = False`` selects that path for
+every model (it is the reference the static-cache step is tested against). Both paths
+draw the same random numbers for the same rows. Beam search delegates to fairseq's
+``SequenceGenerator``. All strategies return the same ``Candidates``.
 
 Works for encoder-decoder models (``transformer``, ``lstm``, ...) and for
 decoder-only language models continuing a prefix (``transformer_lm``). Dropout
@@ -26,9 +28,14 @@ from torch import Tensor
 
 from fairseq_ext.core.constraints import CONSTRAINT, OneOf, ParameterError, above, at_least, check_fields, constraint_of
 from fairseq_ext.core.sampling import choose_tokens, filter_logits
+from fairseq_ext.decoding import graphed_step
 from fairseq_ext.decoding.lean_step import decoder_step, unsupported_reason, use_step
 
 STRATEGIES = ("greedy", "sample", "beam")
+CUDA_GRAPHS = ("auto", "off")
+CUDA_GRAPHS_HELP = ("auto: on a CUDA device, candidate decoding replays the decoder step from a CUDA graph (one launch "
+                    "per token; checked once against the eager step, eager with a log line where recording fails); "
+                    "off: eager steps")
 
 
 @dataclass
@@ -45,8 +52,10 @@ class DecodeConfig:
     max_len_a, max_len_b: maximum length a * src_len + b (as fairseq-generate).
     max_len_ref_ratio: if set, the maximum length is instead ceil(ratio * the
         longest reference in the batch) (MGS uses 1.3).
-    lean: greedy and sampling with the static-cache transformer step where the
-        decoder allows (False: fairseq's incremental decoding for every model).
+    lean: greedy and sampling with the static-cache step where the decoder allows
+        (False: fairseq's incremental decoding for every model).
+    cuda_graphs: ``auto``, the static-cache step replayed from a CUDA graph on a CUDA
+        device (``graphed_step``); ``off``, never.
     """
 
     strategy: str = field(default="greedy", metadata={CONSTRAINT: OneOf(STRATEGIES)})
@@ -60,6 +69,7 @@ class DecodeConfig:
     max_len_b: int = 200
     max_len_ref_ratio: Optional[float] = field(default=None, metadata={CONSTRAINT: above(0)})
     lean: bool = True
+    cuda_graphs: str = field(default="auto", metadata={CONSTRAINT: OneOf(CUDA_GRAPHS)})
 
     def __post_init__(self) -> None:
         check_fields(self)  # ParameterError naming the field
@@ -219,7 +229,7 @@ def decode_with_greedy(
     step runs: the greedy rows follow the sampled ones, which draw the random numbers they
     draw alone."""
     greedy_cfg = DecodeConfig(min_len=cfg.min_len, max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b,
-                              max_len_ref_ratio=cfg.max_len_ref_ratio, lean=cfg.lean)
+                              max_len_ref_ratio=cfg.max_len_ref_ratio, lean=cfg.lean, cuda_graphs=cfg.cuda_graphs)
     if cfg.strategy != "sample" or not (cfg.lean and _lean_supported(model)):
         return (decode_candidates(model, sample, cfg, prefix_tokens, generator),
                 decode_candidates(model, sample, greedy_cfg, prefix_tokens))
@@ -240,12 +250,17 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_
     ones leave every cache at once (``TransformerStep.reorder``), their results kept.
     ``greedy_rows``: one greedy row per input after the B x n rows (``decode_with_greedy``).
     ``sets``: G blocks of rows, one per parameter set (``decode_grouped``; ``generator``
-    then one per set); a row leaves when its counterparts in every block finished."""
+    then one per set); a row leaves when its counterparts in every block finished. On a
+    CUDA device (``cfg.cuda_graphs`` auto) the step is replayed from a CUDA graph."""
     pad, eos, n, device, expand, encoder_out, prefix, n_forced, max_len = _plan(model, sample, cfg, prefix_tokens,
                                                                               greedy_rows, sets)
     total_steps, rows = n_forced + max_len, expand.numel()
     groups = sets.count if sets is not None else 1
-    step_fn = decoder_step(model, encoder_out, expand, total_steps, *((sets.stack, groups) if sets else ()))
+    recorder = graphed_step.recorder_for(device) if cfg.cuda_graphs == "auto" else None
+    step_fn = decoder_step(model, encoder_out, expand, total_steps, *((sets.stack, groups) if sets else ()),
+                           capturable=recorder is not None)
+    if recorder is not None:
+        step_fn = graphed_step.GraphedStep(step_fn, recorder)
     sampling = cfg.strategy == "sample"
     options = dict(sample=True, temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp)
     n_sampled = rows - (expand.numel() // (n + 1) if greedy_rows else 0)  # the sampled rows come first
