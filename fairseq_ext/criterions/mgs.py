@@ -42,7 +42,8 @@ from fairseq_ext.core.mgs import clip_grad_, mgs_weights, mix_seed, weight_stats
 from fairseq_ext.runtime.clock import TrainingClock, check_model_at_start
 from fairseq_ext.runtime.distributed import all_reduce_sum_, pooled_mean, pooled_means, unwrap
 from fairseq_ext.runtime.validation import check_options
-from fairseq_ext.decoding.candidates import STRATEGIES, DecodeConfig, ParameterSets, grouped_reason
+from fairseq_ext.decoding.candidates import (CUDA_GRAPHS, CUDA_GRAPHS_HELP, STRATEGIES, DecodeConfig, ParameterSets,
+                                             grouped_reason)
 from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
 from fairseq_ext.decoding.scoring import TASK_LOSS_HELP, BatchScorer, check_candidate_model, log_cost_seconds
@@ -104,10 +105,13 @@ class MGSConfig(FairseqDataclass):
     mgs_candidate_evaluation: ChoiceEnum(EVALUATIONS) = field(
         default="batched",
         metadata={"help": "batched: theta and its K perturbations decoded together, one pass (K + 1 copies of the "
-                          "parameters in memory; greedy or sampled decoding of transformer / transformer_lm decoders, else "
+                          "parameters in memory; greedy or sampled decoding of transformer, transformer_lm, lstm and lstm_lm "
+                          "decoders, else "
                           "sequential, said once in the log); sequential: one candidate after another, the "
                           "parameters perturbed in place (one extra copy)"},
     )
+    mgs_cuda_graphs: ChoiceEnum(CUDA_GRAPHS) = field(default="auto", metadata={
+        "help": CUDA_GRAPHS_HELP, "parameter": (DecodeConfig, "cuda_graphs")})
     seed: int = II("common.seed")
 
 
@@ -117,7 +121,7 @@ class MGSCriterion(FairseqCriterion):
                  mgs_noise=1.0, mgs_noise_scale="per_tensor", mgs_importance="unit", mgs_alpha=1.0,
                  mgs_task_loss="sbleu", mgs_decoder="greedy", mgs_beam=4, mgs_max_len_ratio=1.3, mgs_mle_clip=1.0,
                  mgs_direction_clip=1.0, mgs_score_model=None, mgs_post_process="auto",
-                 mgs_candidate_evaluation="batched", seed=1):
+                 mgs_candidate_evaluation="batched", mgs_cuda_graphs="auto", seed=1):
         super().__init__(task)
         check_options(MGSConfig, locals())
         if mgs_score_model and not os.path.isfile(mgs_score_model):
@@ -134,9 +138,9 @@ class MGSCriterion(FairseqCriterion):
                                    criterion="mgs")
         decoder = str(mgs_decoder)
         self.decode_cfg = DecodeConfig(
-            strategy=decoder, beam_size=mgs_beam if decoder == "beam" else None, max_len_ref_ratio=mgs_max_len_ratio
-        )
-        self.greedy_cfg = DecodeConfig(max_len_ref_ratio=mgs_max_len_ratio)
+            strategy=decoder, beam_size=mgs_beam if decoder == "beam" else None, max_len_ref_ratio=mgs_max_len_ratio,
+            cuda_graphs=str(mgs_cuda_graphs))
+        self.greedy_cfg = DecodeConfig(max_len_ref_ratio=mgs_max_len_ratio, cuda_graphs=str(mgs_cuda_graphs))
         self.batched = str(mgs_candidate_evaluation) == "batched"
         self._stack = None  # (key, the (K + 1, P) buffer, its per-parameter views), kept between updates
         self.seed = seed

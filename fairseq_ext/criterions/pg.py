@@ -21,7 +21,7 @@ from fairseq_ext.core.constraints import at_least
 from fairseq_ext.core.risk import MovingAverageBaseline, leave_one_out_baseline, reinforce_loss
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
 from fairseq_ext.runtime.distributed import pooled_mean
-from fairseq_ext.decoding.candidates import DecodeConfig
+from fairseq_ext.decoding.candidates import CUDA_GRAPHS, CUDA_GRAPHS_HELP, DecodeConfig
 from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
 from fairseq_ext.decoding.scoring import TASK_LOSS_HELP, BatchScorer
@@ -49,6 +49,8 @@ class PGConfig(FairseqDataclass):
     pg_max_len_ratio: float = field(default=1.3, metadata={"help": "max length: ratio x longest reference",
                                                            "parameter": (DecodeConfig, "max_len_ref_ratio")})
     pg_post_process: str = field(default="auto", metadata={"help": POST_PROCESS_HELP})
+    pg_cuda_graphs: ChoiceEnum(CUDA_GRAPHS) = field(default="auto", metadata={
+        "help": CUDA_GRAPHS_HELP, "parameter": (DecodeConfig, "cuda_graphs")})
 
 
 @register_criterion("pg", dataclass=PGConfig)
@@ -56,13 +58,14 @@ class PGCriterion(CandidateRiskCriterion):
     LOG_KEYS = ("loss", "cost_mean", "baseline", "nll")
 
     def __init__(self, task, pg_samples=4, pg_topk=0, pg_baseline="loo", pg_baseline_decay=0.9,
-                 pg_mle_weight=0.1, pg_task_loss="sbleu", pg_max_len_ratio=1.3, pg_post_process="auto"):
+                 pg_mle_weight=0.1, pg_task_loss="sbleu", pg_max_len_ratio=1.3, pg_post_process="auto",
+                 pg_cuda_graphs="auto"):
         check_options(PGConfig, locals())
         if str(pg_baseline) == "loo" and pg_samples < 2:
             raise ConfigError(f"--pg-baseline loo needs --pg-samples >= 2 (the other samples), got {pg_samples}")
         scorer = BatchScorer(task, pg_task_loss, post_process=pg_post_process, criterion="pg")
         decode_cfg = DecodeConfig(strategy="sample", num_candidates=pg_samples, topk=pg_topk,
-                                  max_len_ref_ratio=pg_max_len_ratio)
+                                  max_len_ref_ratio=pg_max_len_ratio, cuda_graphs=str(pg_cuda_graphs))
         super().__init__(task, "pg", scorer, decode_cfg, pg_mle_weight)
         self.baseline_kind = str(pg_baseline)
         self.moving = MovingAverageBaseline(pg_baseline_decay)
