@@ -24,8 +24,9 @@ fairseq's ``--amp`` runs the forward and backward; without a loss scaler, which 
 multiplies. ``--compare-decoding``: each row that decodes (dss, the soft beam, mrt, pg, mgs) is also
 measured with fairseq's incremental decoding (``DecodeConfig.lean = False``; MGS's
 candidates then one at a time; DSS and the soft beam: the criterion's ``lean = False``),
-the path the static-cache step replaced, in the same run. Printed,
-never asserted. ``residual_nce`` (another task and model) is measured by
+the path the static-cache step replaced, in the same run; on a CUDA device also mrt,
+pg and mgs with eager steps (``cuda_graphs = "off"``: the step not replayed from a CUDA
+graph). Printed, never asserted. ``residual_nce`` (another task and model) is measured by
 ``bench_residual.py``.
 """
 import contextlib
@@ -101,6 +102,18 @@ def fairseq_decoding(criterion):
     return other
 
 
+GRAPHED_ROWS = ("mrt 4 samples", "pg 4 samples", "mgs K=4")  # candidate decoding: the step replayed on CUDA
+
+
+def eager_steps(criterion):
+    """A copy of ``criterion`` whose candidate decoding never replays the step from a CUDA graph."""
+    other = copy.copy(criterion)
+    for name in ("decode_cfg", "greedy_cfg"):
+        if hasattr(criterion, name):
+            setattr(other, name, dataclasses.replace(getattr(criterion, name), cuda_graphs="off"))
+    return other
+
+
 def step(model, sample, criterion, autocast=contextlib.nullcontext) -> None:
     model.zero_grad(set_to_none=True)
     with autocast():
@@ -129,6 +142,9 @@ def bench(args, device: torch.device) -> List[Dict]:
             for row in DECODING_ROWS:
                 fns[f"{row}, fairseq decoding"] = (lambda c: lambda: step(model, sample, c, autocast))(
                     fairseq_decoding(crits[row]))
+            for row in GRAPHED_ROWS if device.type == "cuda" else ():
+                fns[f"{row}, eager steps"] = (lambda c: lambda: step(model, sample, c, autocast))(
+                    eager_steps(crits[row]))
         ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
         peak = {row: timing.peak_mib(fn, device) for row, fn in fns.items()}
         rows = [{"row": row, "ms": ms[row], "ratio": ms[row] / ms["ce"], "batch_size": args.batch_size,
@@ -150,7 +166,8 @@ def main(argv=None) -> None:
     parser.add_argument("--arch", choices=["transformer", "lstm"], default="transformer",
                         help="lstm: fairseq's lstm, 1+1 layers of 256 units (the thesis's MT size; --size small only)")
     parser.add_argument("--compare-decoding", action="store_true",
-                        help="also measure mrt, pg and mgs with fairseq's incremental decoding, in the same run")
+                        help="also measure the rows that decode with fairseq's incremental decoding, and (CUDA) "
+                             "mrt, pg and mgs without CUDA graphs, in the same run")
     args = timing.quick_settings(parser.parse_args(argv))
     if args.arch == "lstm" and args.size != "small":
         parser.error("--arch lstm has one size: --size small")

@@ -41,8 +41,10 @@ SequenceGenerator limit is L + prompt length, so both generate at most L new tok
 "incremental" is ``decode_candidates`` with ``lean=False``: the path the static-cache
 steps replaced (``TransformerStep``, the ``lstm``'s ``LSTMStep``); its tokens are
 compared with ours ("= inc": the same tokens, also when sampling, since both draw the
-same random numbers for the same rows). tok/s: generated tokens
-(EOS included) per second of ours.
+same random numbers for the same rows). On a CUDA device ours replays its step from a
+CUDA graph (``DecodeConfig.cuda_graphs``, docs/decoding.md); "eager" is ours with
+``cuda_graphs="off"``, measured in the same run ("eager/ours": what the graph saves;
+"= eager": the same tokens). tok/s: generated tokens (EOS included) per second of ours.
 Timing: ``time.perf_counter`` around one call, ``--warmup`` untimed calls then
 ``--repeats`` timed ones, the three decoders interleaved (alternating the order),
 the median reported; ``torch.set_num_threads(--threads)``, eval mode, ``no_grad``.
@@ -200,6 +202,8 @@ def bench_setting(model, tgt_dict, sample, prefix, strategy: str, max_len: int, 
                                search_strategy=search.Sampling(tgt_dict, sampling_topk=SAMPLE_TOPK))
     gen = torch.Generator(device=device)
     inc_cfg = dataclasses.replace(cfg, lean=False)
+    eager_cfg = dataclasses.replace(cfg, cuda_graphs="off")
+    graphs = device.type == "cuda"
 
     def ours():
         gen.manual_seed(args.seed)
@@ -209,20 +213,26 @@ def bench_setting(model, tgt_dict, sample, prefix, strategy: str, max_len: int, 
         gen.manual_seed(args.seed)
         return decode_candidates(model, sample, inc_cfg, prefix_tokens=prefix, generator=gen)
 
+    def eager():
+        gen.manual_seed(args.seed)
+        return decode_candidates(model, sample, eager_cfg, prefix_tokens=prefix, generator=gen)
+
     def theirs():
         torch.manual_seed(args.seed)
         with torch.no_grad():
             return sg.generate([model], sample, prefix_tokens=prefix)
 
-    ms, out = timing.interleaved({"ours": ours, "inc": incremental, "sg": theirs}, args.warmup, args.repeats, device)
+    fns = {"ours": ours, "inc": incremental, "sg": theirs, **({"eager": eager} if graphs else {})}
+    ms, out = timing.interleaved(fns, args.warmup, args.repeats, device)
     cand, rows = out["ours"], sg_rows(out["sg"], k, max_len, eos)
     same_as_inc = torch.equal(cand.tokens, out["inc"].tokens) and torch.equal(cand.lengths, out["inc"].lengths)
     tok_per_s = float(cand.lengths.sum()) / (ms["ours"] / 1000)
     n_ours, n_sg = cand.tokens.size(0), len(rows)
     mismatched = greedy_mismatches(cand, rows, eos) if strategy == "greedy" else (0, 0)
-    ours_ms, inc_ms, sg_ms = ms["ours"], ms["inc"], ms["sg"]
+    ours_ms, inc_ms, sg_ms, eager_ms = ms["ours"], ms["inc"], ms["sg"], ms.get("eager")
     if strategy == "sample":  # per returned candidate
         ours_ms, inc_ms, sg_ms = ours_ms / n_ours, inc_ms / n_ours, sg_ms / n_sg
+        eager_ms = eager_ms / n_ours if eager_ms is not None else None
     mem_ours, mem_sg = timing.peak_mib(ours, device), timing.peak_mib(theirs, device)
     return {
         "strategy": strategy,
@@ -231,6 +241,9 @@ def bench_setting(model, tgt_dict, sample, prefix, strategy: str, max_len: int, 
         "sg_ms": sg_ms,
         "speedup": sg_ms / ours_ms,
         "speedup_vs_incremental": inc_ms / ours_ms,
+        "eager_ms": eager_ms,
+        "speedup_vs_eager": eager_ms / ours_ms if eager_ms is not None else None,
+        "same_as_eager": (torch.equal(cand.tokens, out["eager"].tokens) if graphs else None),
         "same_as_incremental": same_as_inc,
         "tok_per_s": tok_per_s,
         "ms_unit": "per batch" if strategy == "greedy" else "per candidate",
@@ -268,6 +281,9 @@ def bench_model(arch: str, task, model, args, device: torch.device) -> List[Dict
 def format_table(rows: List[Dict], device: torch.device) -> str:
     head = ["model", "regime", "decoding", "inputs x n", "ours ms", "inc ms", "inc/ours", "= inc", "SG ms", "SG/ours",
             "ours tok/s", "identical", "mean len ours/SG", "EOS % ours/SG", "peak MiB ours/SG (SG/ours)"]
+    graphs = device.type == "cuda"
+    if graphs:
+        head[7:7] = ["eager/ours", "= eager"]
     lines = []
     for r in rows:
         mem = "n/a on CPU" if device.type != "cuda" else (
@@ -283,6 +299,8 @@ def format_table(rows: List[Dict], device: torch.device) -> str:
                       "yes" if r["same_as_incremental"] else "no", f"{r['sg_ms']:.2f}",
                       f"{r['speedup']:.2f}x", f"{r['tok_per_s']:.0f}", ident, "{:.1f}/{:.1f}".format(*r["mean_len"]),
                       "{:.0f}/{:.0f}".format(*(100 * x for x in r["eos_frac"])), mem])
+        if graphs:
+            lines[-1][7:7] = [f"{r['speedup_vs_eager']:.2f}x", "yes" if r["same_as_eager"] else "no"]
     widths = [max(len(x) for x in col) for col in zip(head, *lines)]
     fmt = "  ".join("{:<%d}" % w for w in widths)
     sep = "  ".join("-" * w for w in widths)
