@@ -13,7 +13,9 @@ next one is recorded (nothing runs while recording) and replayed, and every late
 replayed with its tokens copied into the graph's input. A ``reorder`` (rows leaving the
 caches) replaces the state tensors the graph reads, so the next step records again.
 Under autocast (``--amp``) the recording runs with autocast's weight cache off, as
-PyTorch requires for graphs.
+PyTorch requires for graphs. The recording prohibits unsafe CUDA calls in its own
+thread only (``capture_error_mode="thread_local"``): fairseq's data loader pins batches
+in a thread of its own meanwhile.
 
 Automatic fallback, each said once in the log: where recording fails (an operator that
 cannot be captured, a driver without graphs), or where the first replay in a process
@@ -22,6 +24,7 @@ every state tensor, to float32 / half tolerances), decoding goes on eagerly; not
 lost, the step that was being recorded is kept from its eager run. ``cuda_graphs="off"``
 (the criteria's ``--mrt-cuda-graphs off`` and the like) never records.
 """
+import inspect
 import logging
 from typing import Callable, List, Optional
 
@@ -59,7 +62,10 @@ class CudaGraphRecorder:
         overwritten by the next replay)."""
         tokens = example.clone()
         graph = torch.cuda.CUDAGraph()
-        with _without_autocast_cache(), torch.cuda.graph(graph):
+        # other threads (fairseq's pin-memory thread) may call CUDA meanwhile (torch >= 2.1 can allow it)
+        mode = ({"capture_error_mode": "thread_local"}
+                if "capture_error_mode" in inspect.signature(torch.cuda.graph.__init__).parameters else {})
+        with _without_autocast_cache(), torch.cuda.graph(graph, **mode):
             out = fn(tokens)
 
         def replay(new_tokens: Tensor) -> Tensor:
