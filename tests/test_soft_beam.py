@@ -832,5 +832,5 @@ def test_search_arithmetic_stays_float32_under_autocast(criterion_name, translat
     assert steps and all(s == (False,) + (torch.float32,) * 3 for s in steps), set(steps)
     assert loss.dtype == torch.float32
     loss.backward()
-    assert math.isfinite(float(loss)) and float(loss) == pytest.approx(reference, rel=0.05)
+    assert math.isfinite(loss.item()) and loss.item() == pytest.approx(reference, rel=0.05)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
