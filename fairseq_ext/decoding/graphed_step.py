@@ -9,7 +9,8 @@ step's chain.
 
 The recording follows PyTorch's documented protocol: the first step of a decode runs
 eagerly on a side stream (it warms cuBLAS and the allocator up and is a real step), the
-next one is recorded (nothing runs while recording) and replayed, and every later one is
+next one is recorded on that same stream (so no library handle is created while
+recording; nothing runs while recording) and replayed, and every later one is
 replayed with its tokens copied into the graph's input. A ``reorder`` (rows leaving the
 caches) replaces the state tensors the graph reads, so the next step records again.
 Under autocast (``--amp``) the recording runs with autocast's weight cache off, as
@@ -24,6 +25,7 @@ every state tensor, to float32 / half tolerances), decoding goes on eagerly; not
 lost, the step that was being recorded is kept from its eager run. ``cuda_graphs="off"``
 (the criteria's ``--mrt-cuda-graphs off`` and the like) never records.
 """
+import contextlib
 import inspect
 import logging
 from typing import Callable, List, Optional
@@ -43,17 +45,17 @@ def _say_once(key: str, message: str) -> None:
 
 class CudaGraphRecorder:
     """Records a step in a CUDA graph on ``device`` (``record``) after an eager warm-up
-    step on a side stream (``warm``)."""
+    step (``warm``), both on one side stream."""
 
     def __init__(self, device: torch.device):
         self.device = device
+        self.stream = torch.cuda.Stream(device)
 
     def warm(self, fn: Callable[[], Tensor]) -> Tensor:
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
             out = fn()
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
         return out
 
     def record(self, fn: Callable[[Tensor], Tensor], example: Tensor, state: List[Tensor]) -> Callable[[Tensor], Tensor]:
@@ -64,9 +66,20 @@ class CudaGraphRecorder:
         graph = torch.cuda.CUDAGraph()
         # other threads (fairseq's pin-memory thread) may call CUDA meanwhile (torch >= 2.1 can allow it)
         mode = ({"capture_error_mode": "thread_local"}
-                if "capture_error_mode" in inspect.signature(torch.cuda.graph.__init__).parameters else {})
-        with _without_autocast_cache(), torch.cuda.graph(graph, **mode):
-            out = fn(tokens)
+                if "capture_error_mode" in inspect.signature(graph.capture_begin).parameters else {})
+        # capture_begin / capture_end, not torch.cuda.graph: that context empties the allocator's
+        # cache before every capture, which a training step would then refill from the driver
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with _without_autocast_cache(), torch.cuda.stream(self.stream):
+            graph.capture_begin(**mode)
+            try:
+                out = fn(tokens)
+            except BaseException:
+                with contextlib.suppress(Exception):  # the step's own error is the one to report
+                    graph.capture_end()
+                raise
+            graph.capture_end()
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
         def replay(new_tokens: Tensor) -> Tensor:
             tokens.copy_(new_tokens)
