@@ -62,7 +62,7 @@ def recorder(monkeypatch):
     replay of the test checked against the eager step, the log's once-only lines reset."""
     made = TracedRecorder()
     monkeypatch.setattr(graphed_step, "recorder_for", lambda device: made)
-    monkeypatch.setattr(graphed_step.GraphedStep, "verified", False)
+    monkeypatch.setattr(graphed_step.GraphedStep, "verified", set())
     monkeypatch.setattr(graphed_step, "_LOGGED", set())
     return made
 

@@ -20,8 +20,9 @@ in a thread of its own meanwhile.
 
 Automatic fallback, each said once in the log: where recording fails (an operator that
 cannot be captured, a driver without graphs), or where the first replay in a process
-differs from the eager step on the same state (compared once per process: logits and
-every state tensor, to float32 / half tolerances), decoding goes on eagerly; nothing is
+differs from the eager step on the same state (compared once per process and kind of
+step: class, dtype, parameter sets, autocast; logits and every state tensor, to float32
+/ half tolerances), decoding goes on eagerly; nothing is
 lost, the step that was being recorded is kept from its eager run. ``cuda_graphs="off"``
 (the criteria's ``--mrt-cuda-graphs off`` and the like) never records.
 """
@@ -119,7 +120,9 @@ class GraphedStep:
     ``warm(fn)`` runs fn eagerly, ``record(fn, tokens, state)`` returns a function of
     tokens that replays fn without changing ``state`` now."""
 
-    verified = False  # the first replay in this process was compared with its eager step
+    # the kinds of step (class, dtype, parameter sets, autocast) whose first replay in this process
+    # was compared with its eager step
+    verified: set = set()
 
     def __init__(self, inner, recorder):
         if not getattr(inner, "capturable", False):
@@ -137,7 +140,8 @@ class GraphedStep:
             return self.inner.step(tokens)
         if self.replay is not None:
             return self.replay(tokens)
-        check = not GraphedStep.verified
+        kind = (type(self.inner).__name__, self._state()[0].dtype, self.inner.groups, torch.is_autocast_enabled())
+        check = kind not in GraphedStep.verified
         before = [t.clone() for t in self._state()] if check else None
         out = self.recorder.warm(lambda: self.inner.step(tokens))
         after = [t.clone() for t in self._state()] if check else None
@@ -155,7 +159,7 @@ class GraphedStep:
                 self._fall_back(f"the decoder step replayed from a CUDA graph differs from the eager step ({problem})",
                                 after)
                 return out
-            GraphedStep.verified = True
+            GraphedStep.verified.add(kind)
             _say_once("verified", "candidate decoding: the decoder step replayed from a CUDA graph "
                                   "(checked once against the eager step)")
         return out
