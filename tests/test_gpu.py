@@ -300,6 +300,7 @@ def test_static_cache_decoding_on_cuda(arch, toy_bin, toy_lm_bin, caplog, monkey
             real = prev.ne(d.pad())
             assert (lean - full)[real].abs().max().item() < 1e-4
     monkeypatch.setattr(graphed_step.GraphedStep, "verified", set())
+    monkeypatch.setattr(graphed_step.GraphedStep, "failed", set())
     monkeypatch.setattr(graphed_step, "_LOGGED", set())
     with caplog.at_level(logging.INFO, logger="fairseq_ext.decoding.graphed_step"):
         for cfg in (dict(), dict(strategy="sample", num_candidates=3, topk=10)):

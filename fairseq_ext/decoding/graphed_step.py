@@ -22,8 +22,8 @@ Automatic fallback, each said once in the log: where recording fails (an operato
 cannot be captured, a driver without graphs), or where the first replay in a process
 differs from the eager step on the same state (compared once per process and kind of
 step: class, dtype, parameter sets, autocast; logits and every state tensor, to float32
-/ half tolerances), decoding goes on eagerly; nothing is
-lost, the step that was being recorded is kept from its eager run. ``cuda_graphs="off"``
+/ half tolerances), decoding goes on eagerly, for that kind of step from then on; nothing
+is lost, the step that was being recorded is kept from its eager run. ``cuda_graphs="off"``
 (the criteria's ``--mrt-cuda-graphs off`` and the like) never records.
 """
 import contextlib
@@ -121,8 +121,9 @@ class GraphedStep:
     tokens that replays fn without changing ``state`` now."""
 
     # the kinds of step (class, dtype, parameter sets, autocast) whose first replay in this process
-    # was compared with its eager step
+    # was compared with its eager step, and those that failed to record or that check: eager from then on
     verified: set = set()
+    failed: set = set()
 
     def __init__(self, inner, recorder):
         if not getattr(inner, "capturable", False):
@@ -140,7 +141,11 @@ class GraphedStep:
             return self.inner.step(tokens)
         if self.replay is not None:
             return self.replay(tokens)
-        kind = (type(self.inner).__name__, self._state()[0].dtype, self.inner.groups, torch.is_autocast_enabled())
+        kind = self.kind = (type(self.inner).__name__, self._state()[0].dtype, self.inner.groups,
+                            torch.is_autocast_enabled())
+        if kind in GraphedStep.failed:
+            self.off = True
+            return self.inner.step(tokens)
         check = kind not in GraphedStep.verified
         before = [t.clone() for t in self._state()] if check else None
         out = self.recorder.warm(lambda: self.inner.step(tokens))
@@ -176,11 +181,13 @@ class GraphedStep:
             t.copy_(v)
 
     def _fall_back(self, why: str, after: Optional[List[Tensor]]) -> None:
-        """Decode eagerly from now on; the state as the eager step left it."""
+        """Decode eagerly from now on (this kind of step, in this process); the state as the
+        eager step left it."""
         self.off, self.replay = True, None
+        GraphedStep.failed.add(self.kind)
         if after is not None:
             self._load(after)
-        _say_once(why, f"candidate decoding: {why}; decoding without CUDA graphs")
+        _say_once(why, f"candidate decoding: {why}; decoding without CUDA graphs from now on")
 
 
 def _difference(got: Tensor, want: Tensor, state: List[Tensor], want_state: List[Tensor]) -> Optional[str]:
