@@ -260,7 +260,7 @@ def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_
     step_fn = decoder_step(model, encoder_out, expand, total_steps, *((sets.stack, groups) if sets else ()),
                            capturable=recorder is not None)
     if recorder is not None:
-        step_fn = graphed_step.GraphedStep(step_fn, recorder)
+        step_fn = graphed_step.GraphedStep(step_fn, recorder, total_steps)
     sampling = cfg.strategy == "sample"
     options = dict(sample=True, temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp)
     n_sampled = rows - (expand.numel() // (n + 1) if greedy_rows else 0)  # the sampled rows come first

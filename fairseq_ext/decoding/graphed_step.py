@@ -115,32 +115,36 @@ def recorder_for(device: torch.device):
 
 
 class GraphedStep:
-    """``step`` and ``reorder`` of a capturable step (``inner``), the steps after the
-    first of a decode replayed from a recording (module docstring). ``recorder``:
-    ``warm(fn)`` runs fn eagerly, ``record(fn, tokens, state)`` returns a function of
-    tokens that replays fn without changing ``state`` now."""
+    """``step`` and ``reorder`` of a capturable step (``inner``) for a decode of at most
+    ``max_steps`` steps, the steps after the first replayed from a recording (module
+    docstring). ``recorder``: ``warm(fn)`` runs fn eagerly, ``record(fn, tokens, state)``
+    returns a function of tokens that replays fn without changing ``state`` now."""
 
     # the kinds of step (class, dtype, parameter sets, autocast) whose first replay in this process
     # was compared with its eager step, and those that failed to record or that check: eager from then on
     verified: set = set()
     failed: set = set()
 
-    def __init__(self, inner, recorder):
+    def __init__(self, inner, recorder, max_steps: int):
         if not getattr(inner, "capturable", False):
             raise ValueError("GraphedStep needs a capturable step (decoder_step(..., capturable=True))")
-        self.inner, self.recorder = inner, recorder
+        self.inner, self.recorder, self.max_steps = inner, recorder, max_steps
         self.replay: Optional[Callable[[Tensor], Tensor]] = None
         self.off = False
+        self.fed = 0  # steps taken
 
     @property
     def rows(self) -> int:
         return self.inner.rows
 
     def step(self, tokens: Tensor) -> Tensor:
+        self.fed += 1
         if self.off:
             return self.inner.step(tokens)
         if self.replay is not None:
             return self.replay(tokens)
+        if self.fed >= self.max_steps:  # the decode's last step: nothing left to replay
+            return self.inner.step(tokens)
         kind = self.kind = (type(self.inner).__name__, self._state()[0].dtype, self.inner.groups,
                             torch.is_autocast_enabled())
         if kind in GraphedStep.failed:
