@@ -92,10 +92,8 @@ def fairseq_decoding(criterion):
     """A copy of ``criterion`` that decodes through fairseq's incremental path
     (``DecodeConfig.lean = False``, or the criterion's ``lean = False``), MGS's one candidate
     at a time."""
-    other = copy.copy(criterion)
-    if hasattr(criterion, "decode_cfg"):
-        other.decode_cfg = dataclasses.replace(criterion.decode_cfg, lean=False)
-    else:
+    other = _with_decoding(criterion, lean=False)
+    if not hasattr(criterion, "decode_cfg"):
         other.lean = False
     if hasattr(other, "batched"):
         other.batched = False
@@ -107,10 +105,16 @@ GRAPHED_ROWS = ("mrt 4 samples", "pg 4 samples", "mgs K=4")  # candidate decodin
 
 def eager_steps(criterion):
     """A copy of ``criterion`` whose candidate decoding never replays the step from a CUDA graph."""
+    return _with_decoding(criterion, cuda_graphs="off")
+
+
+def _with_decoding(criterion, **changes):
+    """A copy of ``criterion`` whose decoding configurations (``decode_cfg``, MGS's validation
+    ``greedy_cfg``) have ``changes``."""
     other = copy.copy(criterion)
     for name in ("decode_cfg", "greedy_cfg"):
         if hasattr(criterion, name):
-            setattr(other, name, dataclasses.replace(getattr(criterion, name), cuda_graphs="off"))
+            setattr(other, name, dataclasses.replace(getattr(criterion, name), **changes))
     return other
 
 

@@ -29,7 +29,7 @@ is lost, the step that was being recorded is kept from its eager run. ``cuda_gra
 import contextlib
 import inspect
 import logging
-from typing import Callable, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 import torch
 from torch import Tensor
@@ -52,12 +52,20 @@ class CudaGraphRecorder:
         self.device = device
         self.stream = torch.cuda.Stream(device)
 
+    @contextlib.contextmanager
+    def _on_side_stream(self) -> Iterator[None]:
+        """Work on the side stream, ordered after the current stream's and before its next."""
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:
+            current.wait_stream(self.stream)
+
     def warm(self, fn: Callable[[], Tensor]) -> Tensor:
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
-            out = fn()
-        torch.cuda.current_stream(self.device).wait_stream(self.stream)
-        return out
+        with self._on_side_stream():
+            return fn()
 
     def record(self, fn: Callable[[Tensor], Tensor], example: Tensor, state: List[Tensor]) -> Callable[[Tensor], Tensor]:
         """A function of tokens that replays ``fn`` on them: ``fn``'s kernels on ``state``
@@ -70,8 +78,7 @@ class CudaGraphRecorder:
                 if "capture_error_mode" in inspect.signature(graph.capture_begin).parameters else {})
         # capture_begin / capture_end, not torch.cuda.graph: that context empties the allocator's
         # cache before every capture, which a training step would then refill from the driver
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with _without_autocast_cache(), torch.cuda.stream(self.stream):
+        with _autocast_without_cache(), self._on_side_stream():
             graph.capture_begin(**mode)
             try:
                 out = fn(tokens)
@@ -80,7 +87,6 @@ class CudaGraphRecorder:
                     graph.capture_end()
                 raise
             graph.capture_end()
-        torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
         def replay(new_tokens: Tensor) -> Tensor:
             tokens.copy_(new_tokens)
@@ -89,23 +95,14 @@ class CudaGraphRecorder:
         return replay
 
 
-class _without_autocast_cache:
+def _autocast_without_cache():
     """Under autocast, autocast again with its cast-weight cache off (a cached cast made
     while recording would be freed under the graph); otherwise nothing."""
-
-    def __enter__(self):
-        self.ctx = None
-        if torch.is_autocast_enabled():
-            get_dtype = getattr(torch, "get_autocast_dtype", None)
-            dtype = get_dtype("cuda") if get_dtype is not None else torch.get_autocast_gpu_dtype()
-            self.ctx = torch.autocast("cuda", dtype=dtype, cache_enabled=False)
-            self.ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.ctx is not None:
-            return self.ctx.__exit__(*exc)
-        return False
+    if not torch.is_autocast_enabled():
+        return contextlib.nullcontext()
+    get_dtype = getattr(torch, "get_autocast_dtype", None)
+    dtype = get_dtype("cuda") if get_dtype is not None else torch.get_autocast_gpu_dtype()
+    return torch.autocast("cuda", dtype=dtype, cache_enabled=False)
 
 
 def recorder_for(device: torch.device):
@@ -132,10 +129,6 @@ class GraphedStep:
         self.replay: Optional[Callable[[Tensor], Tensor]] = None
         self.off = False
         self.fed = 0  # steps taken
-
-    @property
-    def rows(self) -> int:
-        return self.inner.rows
 
     def step(self, tokens: Tensor) -> Tensor:
         self.fed += 1
