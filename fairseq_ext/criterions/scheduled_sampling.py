@@ -80,6 +80,11 @@ class DSSConfig(FairseqDataclass):
                           "pass's decisions (approximation, faster for transformers)",
                   "parameter": (run_scheduled_sampling, "passes")},
     )
+    dss_compile: ChoiceEnum(["off", "on"]) = field(
+        default="off",
+        metadata={"help": "on: the exact pass's decoder step compiled by torch.compile (fewer, fused kernels; "
+                          "minutes of compiling first; dropout masks from the compiler's generator); off: eager"},
+    )
     label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing epsilon",
                                                           "parameter": (label_smoothed_nll, "epsilon")})
     sentence_avg: bool = II("optimization.sentence_avg")
@@ -91,11 +96,15 @@ class DSSCriterion(FairseqCriterion):
 
     def __init__(self, task, dss_mode="soft-argmax", dss_schedule="inverse_sigmoid", dss_schedule_unit="epoch",
                  dss_warmup=1.0, dss_decay_k=10.0, dss_decay_slope=0.1, dss_min_eps=0.0, dss_alpha=1.0,
-                 dss_alpha_growth=1.0, dss_alpha_max=1e4, dss_passes=0, label_smoothing=0.0, sentence_avg=False):
+                 dss_alpha_growth=1.0, dss_alpha_max=1e4, dss_passes=0, dss_compile="off", label_smoothing=0.0,
+                 sentence_avg=False):
         super().__init__(task)
         check_options(DSSConfig, locals())
         with as_options(DSSConfig):
             check_eps_schedule(str(dss_schedule), dss_decay_k, dss_decay_slope, dss_min_eps)
+        if str(dss_compile) == "on" and dss_passes != 0:
+            raise ConfigError(f"--dss-compile on compiles the exact pass's decoder step; it needs --dss-passes 0, "
+                              f"got --dss-passes {dss_passes}")
         if not dss_alpha_max >= dss_alpha:
             raise ConfigError(f"--dss-alpha-max must be >= --dss-alpha, got {dss_alpha_max} and {dss_alpha}")
         self.mode = str(dss_mode)
@@ -105,6 +114,7 @@ class DSSCriterion(FairseqCriterion):
         self.k, self.slope, self.min_eps = dss_decay_k, dss_decay_slope, dss_min_eps
         self.alpha0, self.alpha_growth, self.alpha_max = dss_alpha, dss_alpha_growth, dss_alpha_max
         self.passes = dss_passes
+        self.compiled = str(dss_compile) == "on"
         self.label_smoothing = label_smoothing
         self.sentence_avg = sentence_avg
         self.clock = TrainingClock(task)
@@ -138,7 +148,8 @@ class DSSCriterion(FairseqCriterion):
             logits = model(**net_input)[0]
         else:
             logits, _ = run_scheduled_sampling(model, net_input, fed, self.mode, alpha, self.passes,
-                                               make_noise_fn(self.mode), lean=self.lean)
+                                               make_noise_fn(self.mode), lean=self.lean,
+                                               compiled=self.compiled)
         lprobs = model.get_normalized_probs((logits, None), log_probs=True)
         target = model.get_targets(sample, (logits, None))
         loss, nll_loss = label_smoothed_nll(lprobs.view(-1, lprobs.size(-1)), target.view(-1),

@@ -112,16 +112,21 @@ def use_step(decoder, who: str) -> bool:
 
 def decoder_step(model, encoder_out, expand: Tensor, max_steps: int,
                  weights: Optional[Callable[[Tensor], Tensor]] = None, groups: int = 1,
-                 differentiable: bool = False, capturable: bool = False) -> "_DecoderStep":
+                 differentiable: bool = False, capturable: bool = False, compiled: bool = False) -> "_DecoderStep":
     """The static-cache step of ``model``'s decoder (``unsupported_reason`` None):
     ``TransformerStep``, or ``lstm_step.LSTMStep`` for fairseq's LSTMDecoder; the
-    arguments are ``TransformerStep``'s."""
+    arguments are ``TransformerStep``'s. compiled: a differentiable step whose ``logits``
+    is compiled by ``torch.compile`` (``compiled_step``)."""
     if _is_lstm(model.decoder):
         from fairseq_ext.decoding.lstm_step import LSTMStep
         cls = LSTMStep
     else:
         cls = TransformerStep
-    return cls(model, encoder_out, expand, max_steps, weights, groups, differentiable, capturable)
+    step = cls(model, encoder_out, expand, max_steps, weights, groups, differentiable, capturable, compiled)
+    if compiled:
+        from fairseq_ext.decoding.compiled_step import compiled_logits
+        step.logits = compiled_logits(step)
+    return step
 
 
 class _Pairs:
@@ -260,15 +265,18 @@ class _DecoderStep:
         return torch.log_softmax(self.logits(tokens).float(), dim=-1)
 
     def _sets(self, weights: Optional[Callable[[Tensor], Tensor]], groups: int, rows: int,
-              differentiable: bool, capturable: bool = False) -> None:
+              differentiable: bool, capturable: bool = False, compiled: bool = False) -> None:
         self.groups, self.P = groups, (weights if groups > 1 else (lambda p: p))
         if rows % groups:
             raise ValueError(f"{rows} rows are not {groups} equal blocks")
         if differentiable and capturable:
             raise ValueError("a differentiable step is not capturable (its caches grow)")
+        if compiled and not differentiable:
+            raise ValueError("only the differentiable step is compiled")
         self.differentiable, self.capturable = differentiable, capturable
-        # under gradients, each weight's gradient once for all positions (``_CollectedWeight``)
-        self.collect = differentiable and torch.is_grad_enabled()
+        # under gradients, each weight's gradient once for all positions (``_CollectedWeight``; not
+        # in a compiled step, whose compiler cannot trace the Python lists it keeps)
+        self.collect = differentiable and torch.is_grad_enabled() and not compiled
 
     def _reordered_rows(self, index: Tensor) -> None:
         """``reorder``'s new row count, which must keep the parameter sets' equal blocks."""
@@ -359,7 +367,7 @@ class TransformerStep(_DecoderStep):
 
     def __init__(self, model, encoder_out: Optional[Dict[str, List[Tensor]]], expand: Tensor, max_steps: int,
                  weights: Optional[Callable[[Tensor], Tensor]] = None, groups: int = 1, differentiable: bool = False,
-                 capturable: bool = False):
+                 capturable: bool = False, compiled: bool = False):
         decoder = model.decoder
         self.decoder, self.pad = decoder, decoder.padding_idx
         rows = expand.numel()
@@ -368,7 +376,7 @@ class TransformerStep(_DecoderStep):
         first = layers[0].self_attn
         h, d = self.heads, self.head_dim = first.num_heads, first.head_dim
         self.rows = rows
-        self._sets(weights, groups, rows, differentiable, capturable)
+        self._sets(weights, groups, rows, differentiable, capturable, compiled)
         # the attention's 1 / sqrt(head_dim): under gradients folded into the query projections where
         # that is exact (a power of two: head_dim a power of 4, e.g. 64; an unscaled product
         # differentiates with fewer operators), else applied to the scores

@@ -56,10 +56,10 @@ class LSTMStep(_DecoderStep):
 
     def __init__(self, model, encoder_out: Optional[Tuple[Tensor, ...]], expand: Tensor, max_steps: int = 0,
                  weights: Optional[Callable[[Tensor], Tensor]] = None, groups: int = 1, differentiable: bool = False,
-                 capturable: bool = False):
+                 capturable: bool = False, compiled: bool = False):
         decoder = self.decoder = model.decoder
         rows = self.rows = expand.numel()
-        self._sets(weights, groups, rows, differentiable, capturable)
+        self._sets(weights, groups, rows, differentiable, capturable, compiled)
         device, dtype = expand.device, decoder.embed_tokens.weight.dtype
         training = differentiable and decoder.training
         self.drop_in = decoder.dropout_in_module if training and decoder.dropout_in_module.p > 0 else None

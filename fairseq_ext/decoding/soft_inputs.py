@@ -120,6 +120,7 @@ def run_scheduled_sampling(
     passes: int = 0,
     noise_fn: Optional[NoiseFn] = None,
     lean: bool = True,
+    compiled: bool = False,
 ) -> Tuple[Tensor, List[Tensor]]:
     """Decoder scores of a scheduled-sampling pass.
 
@@ -133,6 +134,10 @@ def run_scheduled_sampling(
     back through every earlier decision (soft modes). passes = P >= 2: the
     parallel approximation: pass 1 is teacher-forced, pass p feeds the decisions
     on pass p - 1's scores; P full-sequence forwards instead of T incremental steps.
+
+    lean: the static-cache step where it covers the decoder (False: fairseq's incremental
+    path); compiled: the exact pass's static-cache step compiled by ``torch.compile``
+    (``compiled_step``).
 
     Returns the scores (N, T, V) the loss is computed on, and the per-step scores
     (T tensors (N, V)) the decisions were taken on in the exact mode (empty list
@@ -153,7 +158,7 @@ def run_scheduled_sampling(
         return decision_embedding(scores, embed_weight, mode, alpha, noise)
 
     if passes == 0 and lean and use_step(decoder, "scheduled sampling"):
-        return _sequential_lean(model, prev, encoder_out, model_fed, decide)
+        return _sequential_lean(model, prev, encoder_out, model_fed, decide, compiled)
     with EmbeddingOverride(embedding) as override:
         if passes == 0:
             return _sequential(decoder, prev, encoder_out, model_fed, decide, override)
@@ -165,10 +170,11 @@ def run_scheduled_sampling(
         return logits, []
 
 
-def _sequential_lean(model, prev: Tensor, encoder_out, model_fed: Tensor, decide) -> Tuple[Tensor, List[Tensor]]:
-    """``_sequential`` with the differentiable static-cache step (fairseq's transformer)."""
+def _sequential_lean(model, prev: Tensor, encoder_out, model_fed: Tensor, decide,
+                     compiled: bool = False) -> Tuple[Tensor, List[Tensor]]:
+    """``_sequential`` with the differentiable static-cache step."""
     rows = torch.arange(prev.size(0), device=prev.device)
-    step = decoder_step(model, encoder_out, rows, prev.size(1), differentiable=True)
+    step = decoder_step(model, encoder_out, rows, prev.size(1), differentiable=True, compiled=compiled)
     step_scores: List[Tensor] = []
     for i in range(prev.size(1)):
         embeds = replace = None
