@@ -26,7 +26,10 @@ measured with fairseq's incremental decoding (``DecodeConfig.lean = False``; MGS
 candidates then one at a time; DSS and the soft beam: the criterion's ``lean = False``),
 the path the static-cache step replaced, in the same run; on a CUDA device also mrt,
 pg and mgs with eager steps (``cuda_graphs = "off"``: the step not replayed from a CUDA
-graph). Printed, never asserted. ``residual_nce`` (another task and model) is measured by
+graph). ``--compile``: also ``dss soft-argmax, compiled step`` (``--dss-compile on``: the exact
+pass's step compiled by torch.compile; its compiling, minutes on a small CPU, happens in the
+warm-up rounds), whose operator count includes the calls of the kernels inductor generated.
+Printed, never asserted. ``residual_nce`` (another task and model) is measured by
 ``bench_residual.py``.
 """
 import contextlib
@@ -38,7 +41,7 @@ import tempfile
 from typing import Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _name in ("fairseq", "fairseq_cli"):
+for _name in ("fairseq", "fairseq_cli", "filelock"):  # filelock: inductor's cache, with --compile
     logging.getLogger(_name).setLevel(logging.WARNING)
 
 import dataclasses
@@ -103,6 +106,13 @@ def fairseq_decoding(criterion):
 GRAPHED_ROWS = ("mrt 4 samples", "pg 4 samples", "mgs K=4")  # candidate decoding: the step replayed on CUDA
 
 
+def compiled_step(criterion):
+    """A copy of DSS's ``criterion`` whose exact pass runs the compiled step (``--dss-compile on``)."""
+    other = copy.copy(criterion)
+    other.compiled = True
+    return other
+
+
 def eager_steps(criterion):
     """A copy of ``criterion`` whose candidate decoding never replays the step from a CUDA graph."""
     return _with_decoding(criterion, cuda_graphs="off")
@@ -149,6 +159,9 @@ def bench(args, device: torch.device) -> List[Dict]:
             for row in GRAPHED_ROWS if device.type == "cuda" else ():
                 fns[f"{row}, eager steps"] = (lambda c: lambda: step(model, sample, c, autocast))(
                     eager_steps(crits[row]))
+        if args.compile:
+            fns["dss soft-argmax, compiled step"] = (lambda c: lambda: step(model, sample, c, autocast))(
+                compiled_step(crits["dss soft-argmax"]))
         ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
         peak = {row: timing.peak_mib(fn, device) for row, fn in fns.items()}
         rows = [{"row": row, "ms": ms[row], "ratio": ms[row] / ms["ce"], "batch_size": args.batch_size,
@@ -172,7 +185,12 @@ def main(argv=None) -> None:
     parser.add_argument("--compare-decoding", action="store_true",
                         help="also measure the rows that decode with fairseq's incremental decoding, and (CUDA) "
                              "mrt, pg and mgs without CUDA graphs, in the same run")
+    parser.add_argument("--compile", action="store_true",
+                        help="also measure dss with its exact pass's step compiled by torch.compile (--dss-compile "
+                             "on; minutes of compiling in the warm-up)")
     args = timing.quick_settings(parser.parse_args(argv))
+    if args.compile:
+        timing.count_compiled_kernels()
     if args.arch == "lstm" and args.size != "small":
         parser.error("--arch lstm has one size: --size small")
     torch.set_num_threads(args.threads)

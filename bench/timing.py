@@ -3,6 +3,7 @@
 A benchmark compares functions timed in the same run; calling them in alternating
 order (ABBA...) spreads slow drifts of a shared machine's load over all of them."""
 import json
+import re
 import statistics
 import time
 from typing import Callable, Dict, List, Tuple
@@ -104,13 +105,26 @@ def peak_mib(fn: Callable, device: torch.device):
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
+# the kernels torch.compile's inductor generates, as the profiler names them: C++ kernels (recorded with
+# torch._inductor.config.cpp.enable_kernel_profile, which ``count_compiled_kernels`` sets) and Triton ones
+_COMPILED_KERNEL = re.compile(r"(graph_\d+_)?(cpp_fused|triton_)")
+
+
+def count_compiled_kernels() -> None:
+    """Have the C++ kernels inductor generates from now on record a profiler event each, for
+    ``aten_calls`` to count (set before the first compile)."""
+    import torch._inductor.config
+    torch._inductor.config.cpp.enable_kernel_profile = True
+
+
 def aten_calls(fn: Callable) -> int:
     """Operator calls (``aten::*`` events, nested ones included) of one call of ``fn``,
-    recorded by torch.profiler on the CPU side: a proxy for the kernel launches the
-    call makes on a GPU."""
+    recorded by torch.profiler on the CPU side, and the calls of the kernels compiled code
+    runs instead of operators: a proxy for the kernel launches the call makes on a GPU."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
-    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+    return sum(e.count for e in prof.key_averages()
+               if e.key.startswith("aten::") or _COMPILED_KERNEL.match(e.key))
 
 
 def op_counts(fns: Dict[str, Callable], rows: List[Dict], ce: str = "ce") -> None:
