@@ -27,8 +27,10 @@ candidates then one at a time; DSS and the soft beam: the criterion's ``lean = F
 the path the static-cache step replaced, in the same run; on a CUDA device also mrt,
 pg and mgs with eager steps (``cuda_graphs = "off"``: the step not replayed from a CUDA
 graph). ``--compile``: also ``dss soft-argmax, compiled step`` (``--dss-compile on``: the exact
-pass's step compiled by torch.compile; its compiling, minutes on a small CPU, happens in the
-warm-up rounds), whose operator count includes the calls of the kernels inductor generated.
+pass's step compiled by torch.compile) and ``soft_beam_direct_loss k=3, compiled steps``
+(``--soft-beam-compile on``: the search's decoder step and soft beam step compiled); their
+compiling, minutes on a small CPU, happens in the warm-up rounds, and their operator counts
+include the calls of the kernels inductor generated.
 Printed, never asserted. ``residual_nce`` (another task and model) is measured by
 ``bench_residual.py``.
 """
@@ -106,8 +108,13 @@ def fairseq_decoding(criterion):
 GRAPHED_ROWS = ("mrt 4 samples", "pg 4 samples", "mgs K=4")  # candidate decoding: the step replayed on CUDA
 
 
+COMPILED_ROWS = {"dss soft-argmax": "dss soft-argmax, compiled step",
+                 "soft_beam_direct_loss k=3": "soft_beam_direct_loss k=3, compiled steps"}
+
+
 def compiled_step(criterion):
-    """A copy of DSS's ``criterion`` whose exact pass runs the compiled step (``--dss-compile on``)."""
+    """A copy of ``criterion`` (DSS, the soft beam) that runs its steps compiled (``--dss-compile on``,
+    ``--soft-beam-compile on``)."""
     other = copy.copy(criterion)
     other.compiled = True
     return other
@@ -159,9 +166,8 @@ def bench(args, device: torch.device) -> List[Dict]:
             for row in GRAPHED_ROWS if device.type == "cuda" else ():
                 fns[f"{row}, eager steps"] = (lambda c: lambda: step(model, sample, c, autocast))(
                     eager_steps(crits[row]))
-        if args.compile:
-            fns["dss soft-argmax, compiled step"] = (lambda c: lambda: step(model, sample, c, autocast))(
-                compiled_step(crits["dss soft-argmax"]))
+        for row, name in COMPILED_ROWS.items() if args.compile else ():
+            fns[name] = (lambda c: lambda: step(model, sample, c, autocast))(compiled_step(crits[row]))
         ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
         peak = {row: timing.peak_mib(fn, device) for row, fn in fns.items()}
         rows = [{"row": row, "ms": ms[row], "ratio": ms[row] / ms["ce"], "batch_size": args.batch_size,
@@ -186,8 +192,9 @@ def main(argv=None) -> None:
                         help="also measure the rows that decode with fairseq's incremental decoding, and (CUDA) "
                              "mrt, pg and mgs without CUDA graphs, in the same run")
     parser.add_argument("--compile", action="store_true",
-                        help="also measure dss with its exact pass's step compiled by torch.compile (--dss-compile "
-                             "on; minutes of compiling in the warm-up)")
+                        help="also measure dss and the soft beam's direct loss with their steps compiled by "
+                             "torch.compile (--dss-compile on, --soft-beam-compile on; minutes of compiling in the "
+                             "warm-up)")
     args = timing.quick_settings(parser.parse_args(argv))
     if args.compile:
         timing.count_compiled_kernels()

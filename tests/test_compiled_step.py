@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fairseq_ext.criterions.scheduled_sampling import DSSCriterion
+from fairseq_ext.criterions.soft_beam import SoftBeamDirectLossCriterion
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.decoding import compiled_step
 from fairseq_ext.decoding.soft_inputs import run_scheduled_sampling
@@ -83,7 +84,7 @@ def _check_against_eager(transformer, dtype, tol):
     finally:
         model.float()
     assert not compiled_step._failed
-    assert set(compiled_step._compiled) == {compiled_step.BACKEND}
+    assert {backend for backend, _ in compiled_step._compiled} == {compiled_step.BACKEND}
 
 
 @pytest.mark.parametrize("arch", ["transformer", "lstm"])
@@ -112,17 +113,23 @@ def test_a_compiler_that_fails_leaves_one_log_line_and_the_eager_results(transfo
     assert len(lines) == 1 and "compiling the decoder step failed" in lines[0] and "no C++ compiler" in lines[0]
 
 
-def test_dss_compile_on_trains_on_the_compiled_step(transformer, backend, monkeypatch):
-    """--dss-compile on: the criterion's loss and gradients through the compiled step, equal
-    to --dss-compile off's; off never compiles. The compiler's tracing only (a backend that runs
-    the traced graphs as they are), which also counts the traces: a few (the first positions,
-    whose caches are empty or of size one, and the rest), whatever the number of positions."""
+def _counting(backend) -> list:
+    """Compiles with a backend that runs the traced graphs as they are (the compiler's tracing
+    only) and counts them: the list of graphs."""
     graphs = []
 
     def counting(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
     backend(counting)
+    return graphs
+
+
+def test_dss_compile_on_trains_on_the_compiled_step(transformer, backend, monkeypatch):
+    """--dss-compile on: the criterion's loss and gradients through the compiled step, equal
+    to --dss-compile off's; off never compiles. The traces are a few (the first positions,
+    whose caches are empty or of size one, and the rest), whatever the number of positions."""
+    graphs = _counting(backend)
     task, model, ds = transformer
     sample = ds.collater([ds[i] for i in range(6)])
     model.train()  # the criterion decodes in training only; without dropout, to compare the two
@@ -143,6 +150,47 @@ def test_dss_compile_on_trains_on_the_compiled_step(transformer, backend, monkey
     assert not compiled_step._failed
     assert sample["target"].size(1) > 6 and len(graphs) <= 4, len(graphs)
     _assert_same(results["off"], results["on"], 1e-5)
+
+
+def _search(task, model, sample, compiled):
+    """Loss (summed over the batch) and every parameter's gradient of the soft beam's direct loss."""
+    model.zero_grad(set_to_none=True)
+    criterion = SoftBeamDirectLossCriterion(task, soft_beam_size=3, soft_beam_alpha=2.0,
+                                            soft_beam_compile="on" if compiled else "off")
+    loss = criterion(model, sample)[0]
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_soft_beam_compile_on_searches_with_the_compiled_steps(models, backend):
+    """--soft-beam-compile on: the direct loss and its gradients through the compiled decoder
+    step and soft beam step equal --soft-beam-compile off's, with sentences leaving the search
+    at different steps (the rows shrink); a few traces of each."""
+    graphs = _counting(backend)
+    task, model, ds = models["transformer"]
+    model.eval()
+    sample = ds.collater([ds[i] for i in range(8)])
+    assert sample["target"].ne(1).sum(1).unique().numel() > 2  # several leaving steps
+    eager = _search(task, model, sample, False)
+    assert not graphs
+    _assert_same(eager, _search(task, model, sample, True), 1e-5)
+    assert not compiled_step._failed and len(compiled_step._compiled) == 2
+    assert 2 <= len(graphs) <= 6, len(graphs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["transformer", "lstm"])
+def test_the_compiled_soft_beam_gives_the_eager_loss_and_gradients(models, arch, backend):
+    """The compiler's tracing, functionalisation and autograd (aot_eager) in float64."""
+    backend("aot_eager")
+    task, model, ds = models[arch]
+    model.double().eval()
+    try:
+        sample = ds.collater([ds[i] for i in range(8)])
+        _assert_same(_search(task, model, sample, False), _search(task, model, sample, True), 1e-10)
+    finally:
+        model.float()
+    assert not compiled_step._failed
 
 
 @pytest.mark.slow

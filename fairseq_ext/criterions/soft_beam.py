@@ -91,6 +91,9 @@ class SoftBeamConfig(FairseqDataclass):
     soft_beam_dropout: ChoiceEnum(DROPOUT_MODES) = field(
         default="none", metadata={"help": "dropout of the search pass: none (eval mode), shared (one mask per sentence "
                                           "for its beam rows) or independent (every beam row its own)"})
+    soft_beam_compile: ChoiceEnum(["off", "on"]) = field(
+        default="off", metadata={"help": "on: the search's decoder step and relaxed top-k step compiled by "
+                                         "torch.compile (fewer, fused kernels; minutes of compiling first); off: eager"})
 
 
 class _SoftBeamCriterion(FairseqCriterion):
@@ -100,7 +103,7 @@ class _SoftBeamCriterion(FairseqCriterion):
     def __init__(self, task, soft_beam_size=3, soft_beam_alpha=1.0, soft_beam_alpha_schedule="fixed",
                  soft_beam_alpha_final=1.0, soft_beam_alpha_updates=1000, soft_beam_normalization="local",
                  soft_beam_hamming_weights="",
-                 soft_beam_extra_len=2, soft_beam_dropout="none"):
+                 soft_beam_extra_len=2, soft_beam_dropout="none", soft_beam_compile="off"):
         super().__init__(task)
         check_options(SoftBeamConfig, locals())
         self.k = soft_beam_size
@@ -111,6 +114,7 @@ class _SoftBeamCriterion(FairseqCriterion):
         self.normalization = str(soft_beam_normalization)
         remember_normalization(task, self.normalization)
         self.extra_len, self.dropout = soft_beam_extra_len, str(soft_beam_dropout)
+        self.compiled = str(soft_beam_compile) == "on"
         self.open_length = not getattr(task, "forced_output_length", False)
         self.eos = task.target_dictionary.eos()
         dictionary = task.target_dictionary
@@ -146,7 +150,8 @@ class _SoftBeamCriterion(FairseqCriterion):
             costs = hamming_step_costs(target, V, self.label_costs, self.padding_idx)
         alpha = self.alpha()
         result = run_beam(model, sample["net_input"], horizon, self.k, alpha, self.normalization, costs,
-                          augment=self.hinge, stop_at_eos=self.open_length, dropout=self.dropout, lean=self.lean)
+                          augment=self.hinge, stop_at_eos=self.open_length, dropout=self.dropout, lean=self.lean,
+                          compiled=self.compiled)
         if self.hinge:
             gold = self.gold_scores(model, sample)
             losses = torch.relu(soft_max_score(result.scores, alpha) - gold)

@@ -1,26 +1,28 @@
-"""The differentiable decoder step compiled by ``torch.compile``.
+"""The steps decoded under gradients, compiled by ``torch.compile``.
 
-Decoding under gradients (scheduled sampling's exact left-to-right pass) runs one
-differentiable step per target position, and each step is a chain of a few hundred small
-operators forward and as many backward; on a GPU a small model's step is launch-bound.
-``compiled_logits(step)`` returns the step's ``logits`` compiled by ``torch.compile``
-(inductor, dynamic shapes): the pointwise operators between the matrix products, forward
-and backward, are fused into a few kernels. The compiled function is one per process
-and serves every step object, batch size and position: it is traced a few times (the
-first position, whose caches are empty; the second, of size one; and the rest), each
-trace a few seconds to minutes on a small CPU the first time in a process (inductor
-keeps its kernels in its on-disk cache for later processes).
+Decoding under gradients (scheduled sampling's exact left-to-right pass, the soft beam's
+search) runs one differentiable decoder step per position, and each step is a chain of a
+few hundred small operators forward and as many backward; on a GPU a small model's step is
+launch-bound. ``compiled_logits(step)`` returns the step's ``logits`` compiled by
+``torch.compile`` (inductor, dynamic shapes), and ``compiled(fn, what)`` any function of
+tensors (the soft beam's ``soft_beam_step``): the pointwise operators between the matrix
+products, forward and backward, are fused into a few kernels. Each function is compiled
+once per process and serves every step object, batch size and position: it is traced a few
+times (the decoder step: the first position, whose caches are empty; the second, of size
+one; and the rest), each trace seconds to minutes on a small CPU the first time in a
+process (inductor keeps its kernels in its on-disk cache for later processes). Views among
+the arguments are passed as tensors of their own (``_plain``), so that the traces do not
+depend on the strides of what they are views of.
 
-The compiled step is built without ``_CollectedWeight`` (whose backward state lives in
-Python lists the compiler cannot trace): each position's weight gradients are their own
+The compiled decoder step is built without ``_CollectedWeight`` (whose backward state lives
+in Python lists the compiler cannot trace): each position's weight gradients are their own
 products in the compiled backward. Under dropout the masks come from inductor's random
-number generator, so a run is reproducible from its seed but does not draw fairseq's
-masks.
+number generator, so a run is reproducible from its seed but does not draw fairseq's masks.
 
 Automatic fallback: where compiling fails (no C++ compiler for inductor on the CPU, an
-operator the compiler rejects), one log line gives the cause and the step runs eagerly,
-for every step of the process from then on. A failure while compiling the backward
-happens inside ``loss.backward()`` and is not caught.
+operator the compiler rejects), one warning gives the cause and every compiled function
+runs eagerly from then on. A failure while compiling a backward pass happens inside
+``loss.backward()`` and is not caught.
 """
 import logging
 from typing import Callable, Optional
@@ -31,7 +33,7 @@ from torch import Tensor
 logger = logging.getLogger(__name__)
 
 BACKEND = "inductor"  # torch.compile's backend (tests use lighter ones)
-_compiled: dict = {}  # backend -> the compiled function
+_compiled: dict = {}  # (backend, function) -> the compiled function
 _failed: dict = {}  # backend -> the reason compiling failed
 
 
@@ -46,23 +48,42 @@ def _reason(e: Exception) -> str:
     return f"{type(cause).__name__}: {lines[0] if lines else ''}"
 
 
+def _plain(args: tuple) -> list:
+    """The tensor arguments as tensors of their own: views of others (a column of the tokens
+    fed so far, rows of a product, the columns of a step's costs) would make the compiler guard
+    on their bases' strides and offsets, which change at every position, and trace again for
+    each. Other arguments as they are."""
+    return [a.clone(memory_format=torch.contiguous_format)
+            if isinstance(a, Tensor) and (a._base is not None or not a.is_contiguous()) else a for a in args]
+
+
+def compiled(fn: Callable, what: str) -> Callable:
+    """``fn`` through the process's one compiled version of it (``torch.compile``, dynamic
+    shapes, compiled at the first call); ``what`` names it in the fallback's warning. Where
+    compiling fails, ``fn`` itself, as every compiled function from then on."""
+    def run(*args):
+        backend = BACKEND
+        if backend not in _failed:
+            key = (backend, fn)
+            if key not in _compiled:
+                _compiled[key] = torch.compile(fn, dynamic=True, backend=backend)
+            try:
+                return _compiled[key](*_plain(args))
+            except torch._dynamo.exc.TorchDynamoException as e:  # compiling failed: nothing ran
+                _failed[backend] = _reason(e)
+                logger.warning(f"compiling {what} failed ({_failed[backend]}); running without torch.compile "
+                               "from now on")
+        return fn(*args)
+    return run
+
+
 def compiled_logits(step) -> Callable[..., Tensor]:
     """``step.logits`` (a differentiable step built with ``compiled=True``) through the
     process's compiled function."""
     if step.collect:
         raise ValueError("a compiled step is built with compiled=True (its weights not collected)")
+    run = compiled(_logits, "the decoder step")
 
     def logits(tokens: Tensor, embeds: Optional[Tensor] = None, replace: Optional[Tensor] = None) -> Tensor:
-        backend = BACKEND
-        if backend not in _failed:
-            fn = _compiled.get(backend)
-            if fn is None:
-                fn = _compiled[backend] = torch.compile(_logits, dynamic=True, backend=backend)
-            try:
-                return fn(step, tokens, embeds, replace)
-            except torch._dynamo.exc.TorchDynamoException as e:  # compiling failed: nothing ran
-                _failed[backend] = _reason(e)
-                logger.warning(f"compiling the decoder step failed ({_failed[backend]}); the step runs eagerly "
-                               "from now on")
-        return _logits(step, tokens, embeds, replace)
+        return run(step, tokens, embeds, replace)
     return logits

@@ -56,6 +56,7 @@ from torch import Tensor
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import above
 from fairseq_ext.core.soft_beam import hard_beam_step, soft_beam_step
+from fairseq_ext.decoding.compiled_step import compiled as compiled_function
 from fairseq_ext.decoding.lean_step import decoder_step, use_step
 from fairseq_ext.decoding.soft_inputs import (
     EmbeddingOverride,
@@ -171,6 +172,7 @@ def run_beam(
     stop_at_eos: bool = False,
     dropout: str = "independent",
     lean: bool = True,
+    compiled: bool = False,
 ) -> BeamResult:
     """Soft (Algorithm 3) or hard (Algorithm 1) beam search for a batch.
 
@@ -180,17 +182,19 @@ def run_beam(
     costs, and added to the candidate scores when ``augment``. dropout:
     ``independent``, ``shared`` or ``none`` (module docstring). lean: the static-cache
     step where it covers the decoder (False: fairseq's incremental path always).
+    compiled: the static-cache step and the soft beam's step (``soft_beam_step``)
+    compiled by ``torch.compile`` (``compiled_step``).
     """
     if dropout not in DROPOUT_MODES:
         raise ValueError(f"dropout must be one of {DROPOUT_MODES}, got {dropout!r}")
     with _search_dropout(model, dropout, net_input["src_tokens"].size(0), beam) as dropout_rows:
         return _run_beam(model, net_input, horizon, beam, alpha, normalization, step_costs, augment, hard,
-                         stop_at_eos, dropout_rows, lean)
+                         stop_at_eos, dropout_rows, lean, compiled)
 
 
 def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, alpha: float, normalization: str,
               step_costs: Optional[Tensor], augment: bool, hard: bool, stop_at_eos: bool,
-              dropout_rows: Dict[str, int], lean: bool) -> BeamResult:
+              dropout_rows: Dict[str, int], lean: bool, compiled: bool = False) -> BeamResult:
     """The search. Step 0 runs the decoder once per sentence (K = 1: every beam
     element starts from the same empty prefix, and elements 1..k-1 are dead until
     the first step fills them) and the first reorder expands its state to k rows;
@@ -239,8 +243,9 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
     state: Dict = {}
     # the static-cache step (it holds the encoder's part of every row's state), built before
     # the embedding hook, which it would take for a user's hook
-    lean_step = decoder_step(model, first_encoder_out, torch.arange(B * K, device=device), T, differentiable=True
-                             ) if lean and use_step(decoder, "soft beam search") else None
+    lean_step = decoder_step(model, first_encoder_out, torch.arange(B * K, device=device), T, differentiable=True,
+                             compiled=compiled) if lean and use_step(decoder, "soft beam search") else None
+    relaxed_step = compiled_function(soft_beam_step, "the soft beam's step") if compiled else soft_beam_step
     if lean_step is not None:  # it holds the rows' encoder output
         reorder_rows, mix_rows = lean_step.reorder, lean_step.mix
     else:
@@ -272,7 +277,7 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
                 if hard:
                     step = hard_beam_step(live_scores[:, :K], f, k, live_costs[:, :K], d, augment)
                 else:
-                    step = soft_beam_step(live_scores[:, :K], f, alpha, k, live_costs[:, :K], d, augment)
+                    step = relaxed_step(live_scores[:, :K], f, alpha, k, live_costs[:, :K], d, augment)
             # every live sentence is within its horizon (t < horizon): the step applies to all
             live_scores, live_costs = step.scores, step.costs
             scores, costs = scores.index_copy(0, live, live_scores), costs.index_copy(0, live, live_costs)
