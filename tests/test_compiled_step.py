@@ -1,10 +1,14 @@
-"""The differentiable decoder step compiled by torch.compile (``decoding/compiled_step``,
-``--dss-compile on``): scheduled sampling's exact pass through the compiled step gives the
-eager step's scores and every parameter's gradient (fairseq's transformer and lstm), over
-batches of two sizes and positions fed the gold token or the soft decision; a compiler that
-fails leaves one log line and the eager results. The fast tests compile with ``aot_eager`` (the compiler's tracing,
-functionalisation and autograd, without code generation); the slow one with inductor, the
-default."""
+"""The steps decoded under gradients compiled by torch.compile (``decoding/compiled_step``):
+with ``--dss-compile on`` scheduled sampling's exact pass, and with ``--soft-beam-compile on``
+the soft beam's search, give the eager steps' loss, scores and every parameter's gradient
+(fairseq's transformer and lstm), over batches of two sizes, positions fed the gold token or
+the soft decision, and sentences leaving the search; the traces are a few, whatever the
+number of positions; a compiler that fails leaves one log line and the eager results.
+
+The fast tests compile with the compiler's tracing only (a backend that runs the traced
+graphs as they are, and counts them); the slow ones with ``aot_eager`` (tracing,
+functionalisation and autograd, without code generation) in float64, and with inductor,
+the default, in float32."""
 import logging
 
 import pytest
@@ -87,6 +91,7 @@ def _check_against_eager(transformer, dtype, tol):
     assert {backend for backend, _ in compiled_step._compiled} == {compiled_step.BACKEND}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["transformer", "lstm"])
 def test_the_compiled_step_gives_the_eager_scores_and_gradients(models, arch, backend):
     backend("aot_eager")
