@@ -273,7 +273,7 @@ class _DecoderStep:
             raise ValueError("a differentiable step is not capturable (its caches grow)")
         if compiled and not differentiable:
             raise ValueError("only the differentiable step is compiled")
-        self.differentiable, self.capturable = differentiable, capturable
+        self.differentiable, self.capturable, self.compiled = differentiable, capturable, compiled
         # under gradients, each weight's gradient once for all positions (``_CollectedWeight``; not
         # in a compiled step, whose compiler cannot trace the Python lists it keeps)
         self.collect = differentiable and torch.is_grad_enabled() and not compiled
@@ -313,7 +313,8 @@ class _DecoderStep:
         ``_CollectedWeight`` computes once."""
         if self.groups > 1:
             return w.transpose(1, 2), (b[:, None] if b is not None else None)
-        return self._collected(w.t().contiguous(), b) if collect else (w.t().contiguous(), b)
+        wt = w.t() if self.compiled else w.t().contiguous()  # compiled: the compiler lays the product out
+        return self._collected(wt, b) if collect else (wt, b)
 
     def _collected(self, wt: Tensor, b: Optional[Tensor]) -> Tuple:
         """(W^T, b, pairs) under gradients (one parameter set), else (W^T, b) as they are."""

@@ -222,6 +222,7 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
     eos, pad = dictionary.eos(), dictionary.pad()
     banned = torch.zeros(len(dictionary), dtype=torch.bool, device=device)  # special symbols but EOS
     banned[[dictionary.bos(), pad, dictionary.unk()]] = True
+    length_rules = _LengthRules(banned, eos, pad)
     dtype = torch.promote_types(embedding.weight.dtype, torch.float32)
     horizon = horizon.to(device)
     T = int(horizon.max())
@@ -254,49 +255,68 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
         mix_rows = functools.partial(SoftReorder(decoder), state)
     inputs: Optional[Tensor] = None  # (n*k, E) soft inputs (the hard beam feeds tokens through prev)
     prev = torch.full((B * K, 1), eos, dtype=torch.long, device=device)
+    # the soft beam feeds EOS at every step (the soft input replaces its embedding): the static-cache
+    # step reads only the last column, so only fairseq's path and the hard beam keep the history
+    keep_prev = hard or lean_step is None
+    eos_tokens: Dict[int, Tensor] = {}  # rows -> (rows,) EOS
     with EmbeddingOverride(embedding) if lean_step is None else contextlib.nullcontext() as override:
         for t in range(T):
             n = live.numel()
             soft_input = t > 0 and not hard
             dropout_rows["beam"], dropout_rows["sentences"] = K, n
             if lean_step is not None:
-                logits = lean_step.logits(prev[:, -1], inputs if soft_input else None)
+                if not keep_prev and n * K not in eos_tokens:
+                    eos_tokens[n * K] = torch.full((n * K,), eos, dtype=torch.long, device=device)
+                logits = lean_step.logits(prev[:, -1] if keep_prev else eos_tokens[n * K],
+                                          inputs if soft_input else None)
             else:
                 if soft_input:
                     override.set(torch.ones(n * k, 1, dtype=torch.bool, device=device), inputs.unsqueeze(1))
                 logits = decoder(prev, encoder_out=first_encoder_out if t == 0 else encoder_out,
                                  incremental_state=state)[0][:, -1]
             dropout_rows["beam"] = k
-            f = local_scores(logits, normalization).view(n, K, -1)
-            if stop_at_eos:
-                f = _length_rules(f, finished[:, :K], t, live_horizon, eos, pad, banned[: f.size(-1)])
-            d = None if live_step_costs is None else live_step_costs[:, t].to(dtype)
+            f = local_scores(logits, normalization)  # (n * K, V)
             # the search's arithmetic in float32 also under --amp (autocast would run its matrix
             # products in half precision and hand half-precision scores to the float32 buffers)
             with torch.autocast(device.type, enabled=False):
+                f = f.view(n, K, -1)
+                if stop_at_eos:
+                    f = length_rules(f, t, finished, live_horizon)
+                d = None if live_step_costs is None else live_step_costs[:, t].to(dtype)
                 if hard:
                     step = hard_beam_step(live_scores[:, :K], f, k, live_costs[:, :K], d, augment)
                 else:
                     step = relaxed_step(live_scores[:, :K], f, alpha, k, live_costs[:, :K], d, augment)
             # every live sentence is within its horizon (t < horizon): the step applies to all
             live_scores, live_costs = step.scores, step.costs
-            scores, costs = scores.index_copy(0, live, live_scores), costs.index_copy(0, live, live_costs)
-            back = identity if K == k else torch.zeros_like(identity)
-            back_hist.append(back.index_copy(0, live, step.hard_backpointers))
-            out_hist.append(padding.index_copy(0, live, step.hard_outputs))
+            every = n == B  # no sentence has left: ``live`` is 0..B-1, the live results are the batch's
+            if every:
+                scores, costs = live_scores, live_costs
+                back_hist.append(step.hard_backpointers)
+                out_hist.append(step.hard_outputs)
+            else:
+                scores, costs = scores.index_copy(0, live, live_scores), costs.index_copy(0, live, live_costs)
+                back_hist.append(identity.index_copy(0, live, step.hard_backpointers))
+                out_hist.append(padding.index_copy(0, live, step.hard_outputs))
             done = t + 1 >= live_horizon  # (n,) the sentences whose result is final after this step
             if stop_at_eos:
                 now = step.hard_outputs.eq(eos)
-                ended.append(torch.full_like(scores, float("-inf")).index_copy(
-                    0, live, live_scores.masked_fill(~now, float("-inf"))))
+                ended_now = live_scores.masked_fill(~now, float("-inf"))
+                ended.append(ended_now if every else torch.full_like(scores, float("-inf")).index_copy(
+                    0, live, ended_now))
                 ended_costs.append(costs)
                 finished = finished.gather(1, step.hard_backpointers) | now
                 done = done | finished.all(1)
-            if bool(done.all()):
+            leaving = int(done.sum())
+            if leaving == n:
                 break
             # the finished sentences leave the batch: each reorder below keeps only the rows
             # of the sentences in ``keep``, so their state is never reordered, mixed or decoded again
-            keep = (~done).nonzero().squeeze(1)
+            keep = (~done).nonzero().squeeze(1) if leaving else (
+                torch.arange(n, device=device) if hard or K < k else None)
+
+            def kept(x: Tensor) -> Tensor:  # x's rows of the sentences in ``keep``
+                return x[keep] if leaving else x
             if hard:
                 order = (keep.view(-1, 1) * K + step.hard_backpointers[keep]).view(-1)
                 reorder_rows(order)
@@ -304,7 +324,9 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
                 fed = step.hard_outputs[keep].masked_fill(step.hard_outputs[keep].eq(pad), eos)
                 prev = torch.cat([prev.index_select(0, order), fed.view(-1, 1)], dim=1)
             else:
-                rows = (keep.view(-1, 1) * K + torch.arange(K, device=device)).view(-1)  # their rows now
+                rows = None
+                if K < k or leaving:
+                    rows = (keep.view(-1, 1) * K + torch.arange(K, device=device)).view(-1)  # their rows now
                 if K < k:
                     # from one row per sentence: the soft backpointers of a live element are
                     # sum_w p_i(w) = 1 whatever the scores (no gradient), and a dead element's
@@ -312,18 +334,20 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
                     rows = rows.repeat_interleave(k)
                     reorder_rows(rows)
                 else:
-                    if keep.numel() < n:
+                    if leaving:
                         reorder_rows(rows)
-                    mix_rows(step.backpointers[keep].reshape(-1, k), keep.numel())
+                    mix_rows(kept(step.backpointers).reshape(-1, k), n - leaving)
                 with torch.autocast(device.type, enabled=False):
-                    inputs = (step.outputs[keep] @ embedding.weight.to(step.outputs.dtype)).flatten(0, 1)
-                prev = prev.index_select(0, rows)
-                prev = torch.cat([prev, prev[:, -1:]], dim=1)
+                    outputs = kept(step.outputs)
+                    inputs = outputs.reshape(-1, outputs.size(-1)) @ embedding.weight.to(outputs.dtype)
+                if keep_prev:
+                    prev = prev.index_select(0, rows) if rows is not None else prev
+                    prev = torch.cat([prev, prev[:, -1:]], dim=1)
             K = k
-            if keep.numel() < n and lean_step is None:
+            if leaving and lean_step is None:
                 encoder_out = model.encoder.reorder_encoder_out(
                     encoder_out, (keep.view(-1, 1) * k + torch.arange(k, device=device)).view(-1))
-            if keep.numel() < n:
+            if leaving:
                 live, live_scores, live_costs = live[keep], live_scores[keep], live_costs[keep]
                 live_horizon, finished = live_horizon[keep], finished[keep]
                 if live_step_costs is not None:
@@ -334,19 +358,28 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
     return BeamResult(scores, costs, _follow_backpointers(back_hist, out_hist), best)
 
 
-def _length_rules(f: Tensor, finished: Tensor, t: int, horizon: Tensor, eos: int, pad: int,
-                  banned: Tensor) -> Tensor:
-    """Scores f (B, k, V) under the open-length rules of ``stop_at_eos`` (module
-    docstring): a finished element's only candidate is pad at 0; unfinished ones
-    never choose a ``banned`` (V,) symbol (pad, BOS, unk), nor EOS at t = 0, and
-    only EOS at their last step."""
-    vocab = torch.arange(f.size(-1), device=f.device)
-    is_eos, is_pad = vocab.eq(eos), vocab.eq(pad)
-    allowed = ~banned & ~(is_eos & (t == 0))  # (V,)
-    allowed = torch.where((horizon == t + 1).view(-1, 1, 1), is_eos, allowed)  # (B, 1, V)
-    f = f.masked_fill(~allowed, float("-inf"))
-    stay = torch.zeros_like(vocab, dtype=f.dtype).masked_fill(~is_pad, float("-inf"))  # pad at 0, else -inf
-    return torch.where(finished.unsqueeze(-1), stay, f)
+class _LengthRules:
+    """Scores f (B, K, V) under the open-length rules of ``stop_at_eos`` (module
+    docstring): a finished element's only candidate is pad at 0; unfinished ones never
+    choose a ``banned`` (V',) symbol (pad, BOS, unk; its first V read), nor EOS at t = 0,
+    and only EOS at their last step. What does not depend on the step is made once."""
+
+    def __init__(self, banned: Tensor, eos: int, pad: int):
+        self.banned, self.eos, self.pad = banned, eos, pad
+        self.masks = None
+
+    def __call__(self, f: Tensor, t: int, finished: Tensor, horizon: Tensor) -> Tensor:
+        """f at step t; finished (B, k) (its first K read), horizon (B,)."""
+        if self.masks is None:
+            vocab = torch.arange(f.size(-1), device=f.device)
+            is_eos = vocab.eq(self.eos)
+            forbidden = self.banned[: f.size(-1)]
+            # forbidden at t = 0, at later steps, at an element's last step; a finished element's scores
+            self.masks = (forbidden | is_eos, forbidden, ~is_eos,
+                          torch.zeros_like(vocab, dtype=f.dtype).masked_fill(vocab.ne(self.pad), float("-inf")))
+        first, later, last, stay = self.masks
+        forbidden = torch.where((horizon == t + 1).view(-1, 1, 1), last, first if t == 0 else later)  # (B, 1, V)
+        return torch.where(finished[:, : f.size(1)].unsqueeze(-1), stay, f.masked_fill(forbidden, float("-inf")))
 
 
 def _follow_backpointers(back_hist: List[Tensor], out_hist: List[Tensor], element: Optional[Tensor] = None,
