@@ -115,18 +115,14 @@ def decoder_step(model, encoder_out, expand: Tensor, max_steps: int,
                  differentiable: bool = False, capturable: bool = False, compiled: bool = False) -> "_DecoderStep":
     """The static-cache step of ``model``'s decoder (``unsupported_reason`` None):
     ``TransformerStep``, or ``lstm_step.LSTMStep`` for fairseq's LSTMDecoder; the
-    arguments are ``TransformerStep``'s. compiled: a differentiable step whose ``logits``
-    is compiled by ``torch.compile`` (``compiled_step``)."""
+    arguments are ``TransformerStep``'s. compiled: a differentiable step built for
+    ``compiled_step.compiled_logits`` (its weights not collected)."""
     if _is_lstm(model.decoder):
         from fairseq_ext.decoding.lstm_step import LSTMStep
         cls = LSTMStep
     else:
         cls = TransformerStep
-    step = cls(model, encoder_out, expand, max_steps, weights, groups, differentiable, capturable, compiled)
-    if compiled:
-        from fairseq_ext.decoding.compiled_step import compiled_logits
-        step.logits = compiled_logits(step)
-    return step
+    return cls(model, encoder_out, expand, max_steps, weights, groups, differentiable, capturable, compiled)
 
 
 class _Pairs:

@@ -56,7 +56,7 @@ from torch import Tensor
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import above
 from fairseq_ext.core.soft_beam import hard_beam_step, soft_beam_step
-from fairseq_ext.decoding.compiled_step import compiled as compiled_function
+from fairseq_ext.decoding.compiled_step import compiled as compiled_function, compiled_logits
 from fairseq_ext.decoding.lean_step import decoder_step, use_step
 from fairseq_ext.decoding.soft_inputs import (
     EmbeddingOverride,
@@ -248,6 +248,7 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
                              compiled=compiled) if lean and use_step(decoder, "soft beam search") else None
     relaxed_step = compiled_function(soft_beam_step, "the soft beam's step") if compiled else soft_beam_step
     if lean_step is not None:  # it holds the rows' encoder output
+        step_logits = compiled_logits(lean_step) if compiled else lean_step.logits
         reorder_rows, mix_rows = lean_step.reorder, lean_step.mix
     else:
         encoder_out = first_encoder_out if K == k else model.encoder.reorder_encoder_out(first_encoder_out, beam_rows)
@@ -267,22 +268,20 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
             if lean_step is not None:
                 if not keep_prev and n * K not in eos_tokens:
                     eos_tokens[n * K] = torch.full((n * K,), eos, dtype=torch.long, device=device)
-                logits = lean_step.logits(prev[:, -1] if keep_prev else eos_tokens[n * K],
-                                          inputs if soft_input else None)
+                logits = step_logits(prev[:, -1] if keep_prev else eos_tokens[n * K], inputs if soft_input else None)
             else:
                 if soft_input:
                     override.set(torch.ones(n * k, 1, dtype=torch.bool, device=device), inputs.unsqueeze(1))
                 logits = decoder(prev, encoder_out=first_encoder_out if t == 0 else encoder_out,
                                  incremental_state=state)[0][:, -1]
             dropout_rows["beam"] = k
-            f = local_scores(logits, normalization)  # (n * K, V)
+            f = local_scores(logits, normalization).view(n, K, -1)
+            if stop_at_eos:
+                f = length_rules(f, t, finished, live_horizon)
+            d = None if live_step_costs is None else live_step_costs[:, t].to(dtype)
             # the search's arithmetic in float32 also under --amp (autocast would run its matrix
             # products in half precision and hand half-precision scores to the float32 buffers)
             with torch.autocast(device.type, enabled=False):
-                f = f.view(n, K, -1)
-                if stop_at_eos:
-                    f = length_rules(f, t, finished, live_horizon)
-                d = None if live_step_costs is None else live_step_costs[:, t].to(dtype)
                 if hard:
                     step = hard_beam_step(live_scores[:, :K], f, k, live_costs[:, :K], d, augment)
                 else:

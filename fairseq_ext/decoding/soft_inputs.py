@@ -25,6 +25,7 @@ from torch import Tensor
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import Rule, check_arguments, declare
 from fairseq_ext.core.relaxations import decision_embedding, gumbel_noise, is_sample
+from fairseq_ext.decoding.compiled_step import compiled_logits
 from fairseq_ext.decoding.lean_step import decoder_step, use_step
 
 NoiseFn = Callable[[Tensor], Tensor]
@@ -175,12 +176,13 @@ def _sequential_lean(model, prev: Tensor, encoder_out, model_fed: Tensor, decide
     """``_sequential`` with the differentiable static-cache step."""
     rows = torch.arange(prev.size(0), device=prev.device)
     step = decoder_step(model, encoder_out, rows, prev.size(1), differentiable=True, compiled=compiled)
+    logits = compiled_logits(step) if compiled else step.logits
     step_scores: List[Tensor] = []
     for i in range(prev.size(1)):
         embeds = replace = None
         if i > 0 and bool(model_fed[:, i].any()):
             embeds, replace = decide(step_scores[-1]), model_fed[:, i]
-        step_scores.append(step.logits(prev[:, i], embeds, replace))
+        step_scores.append(logits(prev[:, i], embeds, replace))
     return torch.stack(step_scores, dim=1), step_scores
 
 
