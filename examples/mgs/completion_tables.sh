@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# MGS paper (../shared/papers/000_13def17afa4b7063.txt) section 5.1, Tables 1 and 7 and
+# MGS paper (Welleck & Cho, AAAI 2021, https://arxiv.org/abs/2006.03158) section 5.1, Tables 1 and 7 and
 # Figure 1, at CPU scale on the demo's text-completion task (fairseq_ext/synthetic/completion.py):
 # there an MLE model's greedy continuations fail to terminate in a regime like the
 # paper's GPT-2 (about 0.26 of the test prefixes against 0.39; WikiText-2 at CPU scale
