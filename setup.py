@@ -1,5 +1,5 @@
 """fairseq-ext: sequence-level training, decoder-aware training and energy-based
-sequence models as a fairseq plugin (``--user-dir fairseq_ext``)."""
+sequence models as a fairseq plugin (``--user-dir "$(fairseq-ext-dir)"``)."""
 from setuptools import find_packages, setup
 
 setup(
@@ -8,18 +8,19 @@ setup(
     description=__doc__,
     packages=find_packages(include=["fairseq_ext", "fairseq_ext.*"]),
     python_requires=">=3.8",
+    # torch and fairseq are not named: the user's own (a CUDA build of torch; fairseq 0.12.2,
+    # fairseq-fixed, a source checkout or a fork, which are different distributions of one
+    # module) stay as they are. Importing the plugin checks their versions and names the
+    # supported ones (fairseq_ext/runtime/support.py); `make install` installs a working set.
     install_requires=[
-        # fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed is
-        # upstream main (2023-10) with the Python 3.11 fixes.
-        "fairseq-fixed==0.12.3.1; python_version >= '3.11'",
-        "fairseq==0.12.2; python_version < '3.11'",
-        # No CPU/CUDA build is pinned here: install the torch you want first.
-        "torch",
         "sacrebleu>=2,<3",
         "sentencepiece",
         "editdistance",
         "numpy",
     ],
+    # fairseq-ext-dir prints the package's directory for --user-dir; a script, not an entry
+    # point, so that it answers without importing the package (torch, fairseq)
+    scripts=["bin/fairseq-ext-dir"],
     extras_require={
         # the paper-scale recipes (examples/*/run.sh): Moses tokenization and subword-nmt BPE
         "recipes": ["sacremoses", "subword-nmt"],

@@ -132,11 +132,11 @@ dss_protocol() {
 completion_eval() {
   local bin=$1 ckpt=$2 scorer=$3 max_len=$4 out=$5
   shift 5
-  fairseq-generate "$bin" --user-dir fairseq_ext "$@" --path "$ckpt" --gen-subset test --beam 1 \
+  fairseq-generate "$bin" --user-dir "$(fairseq-ext-dir)" "$@" --path "$ckpt" --gen-subset test --beam 1 \
     --batch-size 100 --required-batch-size-multiple 1 --max-len-b $((max_len + 3)) > "$out.gen" 2> "$out.gen.log"
   "$PYTHON" scripts/score/score.py "$out.gen" --max-len "$max_len" --json "$out.scores.json" > "$out.score.log" 2>&1
   "$PYTHON" scripts/inspect/validate_criterion.py \
-    "{'_name': 'mgs', 'mgs_task_loss': 'lm', 'mgs_score_model': '$scorer'}" "$bin" --user-dir fairseq_ext "$@" \
+    "{'_name': 'mgs', 'mgs_task_loss': 'lm', 'mgs_score_model': '$scorer'}" "$bin" --user-dir "$(fairseq-ext-dir)" "$@" \
     --path "$ckpt" --valid-subset test --max-tokens 4096 --required-batch-size-multiple 1 > "$out.test.log" 2>&1
 }
 
@@ -162,8 +162,7 @@ completion_eval() {
 
 # recipe_args ARGS...: parse the command line above (sets WORK, DRY_RUN, SELECTED); make
 # WORK and the environment variables named in PATH_VARS absolute; cd to the repository
-# root (so --user-dir fairseq_ext and scripts/ resolve); devices_init; WORKERS (CPU
-# count) and PYTHON defaults
+# root (so scripts/ resolves); devices_init; WORKERS (CPU count) and PYTHON defaults
 recipe_args() {
   local from="" to="" only=() list=0 force=0
   WORK="" DRY_RUN=0 FORCE=0
@@ -323,7 +322,7 @@ devices_init() {
 train() {
   local name=$1 data=$2; shift 2
   # shellcheck disable=SC2086
-  run_log "$WORK/logs/$name.log" fairseq-train "$data" --user-dir fairseq_ext "${DEVICE[@]}" \
+  run_log "$WORK/logs/$name.log" fairseq-train "$data" --user-dir "$(fairseq-ext-dir)" "${DEVICE[@]}" \
     --update-epoch-batch-itr True --no-epoch-checkpoints --log-format simple --log-interval 100 --seed 1 "$@" \
     --save-dir "$WORK/$name" ${EXTRA_TRAIN:-}
 }

@@ -7,7 +7,7 @@ are configured through their tasks), with its default, its declared rule and hel
 A NAME is a criterion, task, model or architecture name. The options are the ones
 fairseq adds to its parser when the component is chosen (``--criterion mgs``),
 grouped by the config class that declares them, fairseq's inherited ones included.
-``fairseq-train --user-dir fairseq_ext --criterion mgs --help`` lists the same
+``fairseq-train --user-dir "$(fairseq-ext-dir)" --criterion mgs --help`` lists the same
 for the chosen components (``fairseq_ext.runtime.cli``).
 """
 import argparse

@@ -8,7 +8,8 @@ listing knows every name it is given, and a script or recipe the page names exis
 
 Shell syntax is read as far as the pages use it: ``\\`` continuations, variables
 set earlier in the same block (``T="--task ..."``; others become a placeholder
-word), environment settings before a command (``DATA=d MLE=m bash ...``; ``PYTHONPATH=DIR`` puts
+word; ``$(fairseq-ext-dir)``, the one way the pages give ``--user-dir``, is the package's
+directory), environment settings before a command (``DATA=d MLE=m bash ...``; ``PYTHONPATH=DIR`` puts
 DIR on the import path while the command parses, for the user's own cost modules), files
 written by an earlier line of the block, and a command ends at ``|``, ``>``, ``&&``,
 ``;`` or ``#``. ``...`` stands for options the page leaves out: such a fragment may
@@ -30,6 +31,7 @@ PAGES = USER_PAGES
 STARTS = ("fairseq-train", "fairseq-generate", "python -m fairseq_ext", "python scripts/", "bash examples/")
 ENDS = {"|", ">", ">>", "2>", "&&", "||", ";", "&"}
 PLACEHOLDER = "X"
+USER_DIR = "$(fairseq-ext-dir)"  # how every page loads the plugin (bin/fairseq-ext-dir)
 
 
 class Command(NamedTuple):
@@ -146,9 +148,11 @@ def _parse(command: Command) -> str:
     import fairseq_ext  # noqa: F401
 
     program, argv = command.words[0], list(command.words[1:])
-    if "--user-dir" in argv:  # as the page runs it, from the repository root
+    if "--user-dir" in argv:  # as the page runs it: the installed package's directory
         at = argv.index("--user-dir") + 1
-        argv[at] = os.path.join(REPO, argv[at])
+        if argv[at] != USER_DIR:
+            return f"--user-dir {argv[at]}: load the plugin with --user-dir \"{USER_DIR}\" (works from any directory)"
+        argv[at] = os.path.join(REPO, "fairseq_ext")
     else:
         argv += ["--user-dir", os.path.join(REPO, "fairseq_ext")]
     if program == "fairseq-train" and not {"--arch", "-a", "--help", "-h"} & set(argv):
@@ -225,6 +229,10 @@ def test_reader_splits_continuations_and_variables():
         "unrecognized arguments: --mgs-alpha 1")  # the option of a criterion not chosen
     assert "is deprecated" in check(Command("p", 1, ["fairseq-train", "bin", "--task", "sequence_tagging",
                                                       "--arch", "tagging_lstm_tiny", "--tag-column", "ner"]))
+    # the plugin is loaded the one documented way, which works from any directory
+    assert check(Command("p", 1, ["fairseq-generate", "bin", "--user-dir", "fairseq_ext", "--path", "a.pt"])) == (
+        '--user-dir fairseq_ext: load the plugin with --user-dir "$(fairseq-ext-dir)" (works from any directory)')
+    assert check(Command("p", 1, ["fairseq-generate", "bin", "--user-dir", USER_DIR, "--path", "a.pt"])) == ""
 
 
 @pytest.mark.parametrize("command", all_commands(), ids=str)

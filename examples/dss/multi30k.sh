@@ -55,7 +55,7 @@ if [ "$TRAINS" = 1 ] && [ ! -d "$WORK/data/bin" ]; then
   bash scripts/prepare/prepare_multi30k.sh "$FAIRSEQ_EXT_DATA/multi30k" "$WORK/data" "$VOCAB" > "$WORK/prepare.log" 2>&1
 fi
 BIN=$WORK/data/bin
-MODEL=(--user-dir fairseq_ext --arch lstm --encoder-layers 1 --decoder-layers 1 --encoder-bidirectional
+MODEL=(--user-dir "$(fairseq-ext-dir)" --arch lstm --encoder-layers 1 --decoder-layers 1 --encoder-bidirectional
   --encoder-embed-dim 256 --encoder-hidden-size 256 --decoder-embed-dim 256 --decoder-hidden-size 256
   --decoder-out-embed-dim 256 --dropout 0.2 --optimizer adam --lr 0.002 --clip-norm 1.0 --max-tokens 4000
   --num-workers 0 --no-epoch-checkpoints --log-format simple --log-interval 50)
@@ -103,7 +103,7 @@ run() (  # SYSTEM CONFIG SEED
     fi
     for split in valid test; do
       for beam in 1 5; do
-        fairseq-generate "$BIN" --user-dir fairseq_ext --path "$dir/checkpoint_best.pt" --gen-subset $split \
+        fairseq-generate "$BIN" --user-dir "$(fairseq-ext-dir)" --path "$dir/checkpoint_best.pt" --gen-subset $split \
           --beam $beam --batch-size 128 --required-batch-size-multiple 1 --post-process sentencepiece \
           --max-len-a 1.2 --max-len-b 10 > "$dir/$split.beam$beam.gen" 2> "$dir/$split.beam$beam.gen.log"
         "$PYTHON" scripts/score/score.py "$dir/$split.beam$beam.gen" --json "$dir/$split.beam$beam.json" > /dev/null

@@ -38,7 +38,7 @@ PYTHON=${PYTHON:-python}
 export OMP_NUM_THREADS=1
 D=$FAIRSEQ_EXT_DATA/conll2003
 mkdir -p "$WORK"
-TASK=(--user-dir fairseq_ext --task sequence_tagging --tagging-column ner --tagging-cache-dir "$WORK/cache")
+TASK=(--user-dir "$(fairseq-ext-dir)" --task sequence_tagging --tagging-column ner --tagging-cache-dir "$WORK/cache")
 ONLY=${ONLY:-$DSS_SYSTEMS}
 
 # binarize once, before the parallel runs share the cache

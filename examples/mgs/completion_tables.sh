@@ -68,7 +68,7 @@ criterion() {  # the fine-tune's criterion options (MLE_CKPT: the scorer)
 task_cost() {  # CKPT SUBSET LOSS OUT.log: CKPT's task loss LOSS (lm or edit; and ppl) on SUBSET, greedy
   [ -s "$4" ] && grep -q "valid on" "$4" && return 0
   "$PYTHON" scripts/inspect/validate_criterion.py \
-    "{'_name': 'mgs', 'mgs_task_loss': '$3', 'mgs_score_model': '$MLE_CKPT'}" "$W/bin" --user-dir fairseq_ext \
+    "{'_name': 'mgs', 'mgs_task_loss': '$3', 'mgs_score_model': '$MLE_CKPT'}" "$W/bin" --user-dir "$(fairseq-ext-dir)" \
     "${TASK[@]}" --path "$1" --valid-subset "$2" --max-tokens 4096 --required-batch-size-multiple 1 > "$4" 2>&1
 }
 
@@ -92,7 +92,7 @@ for seed in $SEEDS; do
       if [ "$trained" -lt "$budget" ]; then
         log "seed $seed $run: updates $trained -> $budget ($W/t_$run.log)"
         # shellcheck disable=SC2046
-        fairseq-train "$W/bin" --user-dir fairseq_ext "${TASK[@]}" "${MODEL[@]}" --finetune-from-model "$MLE_CKPT" \
+        fairseq-train "$W/bin" --user-dir "$(fairseq-ext-dir)" "${TASK[@]}" "${MODEL[@]}" --finetune-from-model "$MLE_CKPT" \
           --optimizer adam --adam-betas '(0.9,0.98)' --lr 0.0003 --max-tokens 1024 --max-update "$budget" \
           --save-dir "$save" --disable-validation --save-interval-updates "$SAVE_EVERY" --keep-interval-updates -1 \
           --log-format json --log-interval 5 $(criterion "$run") >> "$W/t_$run.log" 2>&1

@@ -47,7 +47,7 @@ if finished "$WORK/train_mle.log"; then
   log "[2/5] MLE: finished, skipped (log: $WORK/train_mle.log)"
 else
   log "[2/5] fairseq-train: tiny transformer_lm, MLE, $MLE_UPDATES updates (log: $WORK/train_mle.log)"
-  fairseq-train "$WORK/bin" --user-dir fairseq_ext "${TASK[@]}" "${MODEL[@]}" \
+  fairseq-train "$WORK/bin" --user-dir "$(fairseq-ext-dir)" "${TASK[@]}" "${MODEL[@]}" \
     --optimizer adam --adam-betas '(0.9,0.98)' --lr 0.003 --lr-scheduler inverse_sqrt --warmup-updates 100 \
     --max-tokens 2048 --max-update "$MLE_UPDATES" --save-dir "$WORK/ckpt_mle" --log-interval 100 >> "$WORK/train_mle.log" 2>&1
 fi
@@ -60,7 +60,7 @@ finetune() {  # NAME STEP CRITERION-ARGS...: FT_UPDATES updates from the MLE mod
     return 0
   fi
   log "[$step/5] fairseq-train $*: $FT_UPDATES updates from the MLE model (log: $WORK/train_$name.log)"
-  fairseq-train "$WORK/bin" --user-dir fairseq_ext "${TASK[@]}" "${MODEL[@]}" --finetune-from-model "$MLE_CKPT" \
+  fairseq-train "$WORK/bin" --user-dir "$(fairseq-ext-dir)" "${TASK[@]}" "${MODEL[@]}" --finetune-from-model "$MLE_CKPT" \
     --optimizer adam --adam-betas '(0.9,0.98)' --lr 0.0003 --max-tokens 1024 --max-update "$FT_UPDATES" \
     --save-dir "$WORK/ckpt_$name" --disable-validation --save-interval-updates 20 --keep-interval-updates 1 \
     --log-interval 10 "$@" >> "$WORK/train_$name.log" 2>&1

@@ -171,7 +171,7 @@ if stage score; then
     for split in $SPLITS; do
       for beam in 5 1; do
         out=$WORK/gen/$m.$split.beam$beam
-        run_log "$out.txt" fairseq-generate "$DATA" --user-dir fairseq_ext "${GEN_DEVICE[@]}" \
+        run_log "$out.txt" fairseq-generate "$DATA" --user-dir "$(fairseq-ext-dir)" "${GEN_DEVICE[@]}" \
           --path "$(checkpoint "$m")" --gen-subset "$split" --beam "$beam" --batch-size 128 \
           --required-batch-size-multiple 1 --remove-bpe --max-len-a 1.2 --max-len-b 10
         run_log "$out.score" "$PYTHON" scripts/score/score.py "$out.txt" --json "$out.json"

@@ -48,7 +48,7 @@ DEV_BLEU=(--eval-bleu --eval-bleu-args '{"beam": 1, "max_len_a": 1.2, "max_len_b
 
 if ! finished "$WORK/mle.log"; then
   log "MLE: $MLE_UPDATES updates, validation every 250, checkpoint_best by validation loss"
-  fairseq-train "$WORK/data/bin" --user-dir fairseq_ext "${MODEL[@]}" --seed 1 --optimizer adam \
+  fairseq-train "$WORK/data/bin" --user-dir "$(fairseq-ext-dir)" "${MODEL[@]}" --seed 1 --optimizer adam \
     --adam-betas '(0.9,0.98)' --lr 0.003 --lr-scheduler inverse_sqrt --warmup-updates 100 \
     --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 --max-update "$MLE_UPDATES" \
     --validate-interval-updates 250 --save-interval-updates 250 --keep-interval-updates 1 \
@@ -73,7 +73,7 @@ for seed in $SEEDS; do
     finished "$WORK/$run.log" && continue
     log "$run: $FT_UPDATES updates from the MLE model"
     # shellcheck disable=SC2046
-    fairseq-train "$WORK/data/bin" --user-dir fairseq_ext "${MODEL[@]}" --seed "$seed" --finetune-from-model "$BASE" \
+    fairseq-train "$WORK/data/bin" --user-dir "$(fairseq-ext-dir)" "${MODEL[@]}" --seed "$seed" --finetune-from-model "$BASE" \
       --optimizer adam --adam-betas '(0.9,0.98)' --lr 0.0003 --clip-norm 1.0 --max-tokens 2048 \
       --max-update "$FT_UPDATES" --save-dir "$WORK/$run" --validate-interval-updates "$EVAL_EVERY" \
       --save-interval-updates "$EVAL_EVERY" --keep-interval-updates 1 --log-interval 10 "${DEV_BLEU[@]}" \
@@ -82,7 +82,7 @@ for seed in $SEEDS; do
 done
 
 decode() {  # checkpoint, beam, output
-  [ -s "$3" ] || fairseq-generate "$WORK/data/bin" --user-dir fairseq_ext --path "$1" --gen-subset test \
+  [ -s "$3" ] || fairseq-generate "$WORK/data/bin" --user-dir "$(fairseq-ext-dir)" --path "$1" --gen-subset test \
     --beam "$2" --batch-size 128 --required-batch-size-multiple 1 --post-process sentencepiece --max-len-a 1.2 \
     --max-len-b 10 > "$3" 2> "$3.log"
 }

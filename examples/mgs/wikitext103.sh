@@ -117,10 +117,10 @@ if stage score; then
   for m in ${MODELS:-lm mgs_lm mgs_edit}; do
     ckpt=$WORK/$m/checkpoint_best.pt; [ "$m" != lm ] || ckpt=$LM
     out=$WORK/gen/$m.test
-    run_log "$out.txt" fairseq-generate "$DATA" --user-dir fairseq_ext "${GEN_DEVICE[@]}" "${TASK[@]}" --path "$ckpt" \
+    run_log "$out.txt" fairseq-generate "$DATA" --user-dir "$(fairseq-ext-dir)" "${GEN_DEVICE[@]}" "${TASK[@]}" --path "$ckpt" \
       --gen-subset test --beam 1 --batch-size 32 --required-batch-size-multiple 1 --max-len-b $((MAX_LEN + 10))
     run_log "$out.score" "$PYTHON" scripts/score/score.py "$out.txt" --max-len "$MAX_LEN" --json "$out.json"
-    run_log "$out.ppl" fairseq-validate "$DATA" --user-dir fairseq_ext "${GEN_DEVICE[@]}" "${TASK[@]}" --path "$ckpt" \
+    run_log "$out.ppl" fairseq-validate "$DATA" --user-dir "$(fairseq-ext-dir)" "${GEN_DEVICE[@]}" "${TASK[@]}" --path "$ckpt" \
       --valid-subset test --max-tokens 4096
     rows+=("$m=$out.json")
   done
@@ -130,7 +130,7 @@ if stage score; then
 fi
 
 # Residual EBM (Deng et al., section 4.1): prefix 120, continuation 40 tokens
-T=(--user-dir fairseq_ext --task residual_lm --residual-base-lm "$BASE_LM" --residual-prefix-len "$PREFIX"
+T=(--user-dir "$(fairseq-ext-dir)" --task residual_lm --residual-base-lm "$BASE_LM" --residual-prefix-len "$PREFIX"
   --residual-continuation-len "$CONT" --residual-negatives-dir "$WORK/negatives" --residual-num-negatives "$NUM_NEG")
 if stage ebm_data; then
   if ! given EBM_DATA; then

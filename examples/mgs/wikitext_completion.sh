@@ -40,7 +40,7 @@ MODEL=(--arch transformer_lm --decoder-layers 2 --decoder-embed-dim 128 --decode
 
 if ! finished "$WORK/mle.log"; then
   log "MLE: $MLE_UPDATES updates"
-  fairseq-train "$WORK/data/bin" --user-dir fairseq_ext "${TASK[@]}" "${MODEL[@]}" --optimizer adam --lr 0.002 \
+  fairseq-train "$WORK/data/bin" --user-dir "$(fairseq-ext-dir)" "${TASK[@]}" "${MODEL[@]}" --optimizer adam --lr 0.002 \
     --lr-scheduler inverse_sqrt --warmup-updates 100 --max-tokens 4096 --max-update "$MLE_UPDATES" \
     --save-dir "$WORK/mle" >> "$WORK/mle.log" 2>&1
 fi
@@ -49,7 +49,7 @@ finetune() {  # name, criterion args...
   local name=$1; shift
   finished "$WORK/$name.log" && return 0
   log "$name: $FT_UPDATES updates from the MLE model"
-  fairseq-train "$WORK/data/bin" --user-dir fairseq_ext "${TASK[@]}" "${MODEL[@]}" \
+  fairseq-train "$WORK/data/bin" --user-dir "$(fairseq-ext-dir)" "${TASK[@]}" "${MODEL[@]}" \
     --finetune-from-model "$WORK/mle/checkpoint_best.pt" --optimizer adam --lr 0.0005 --max-tokens 1024 \
     --max-update "$FT_UPDATES" --save-dir "$WORK/$name" --disable-validation --save-interval-updates 10 \
     --keep-interval-updates 1 --log-interval 5 "$@" ${MGS_EXTRA:-} >> "$WORK/$name.log" 2>&1
@@ -74,10 +74,10 @@ rows=()
 for name in "${names[@]}"; do
   ckpt="$WORK/$name/checkpoint_$([ "$name" = mle ] && echo best || echo last).pt"
   out="$WORK/gen_$name.out"
-  [ -s "$out" ] || fairseq-generate "$WORK/data/bin" --user-dir fairseq_ext "${TASK[@]}" --path "$ckpt" \
+  [ -s "$out" ] || fairseq-generate "$WORK/data/bin" --user-dir "$(fairseq-ext-dir)" "${TASK[@]}" --path "$ckpt" \
     --gen-subset valid --beam 1 --batch-size 64 --max-len-b $((MAX_LEN + 10)) > "$out" 2> "$WORK/gen_$name.log"
   "$PYTHON" scripts/score/score.py "$out" --max-len "$MAX_LEN" --json "$WORK/scores_$name.json" > /dev/null 2>&1
-  "${VALIDATE[@]}" "$WORK/data/bin" --user-dir fairseq_ext "${TASK[@]}" --path "$ckpt" --valid-subset valid \
+  "${VALIDATE[@]}" "$WORK/data/bin" --user-dir "$(fairseq-ext-dir)" "${TASK[@]}" --path "$ckpt" --valid-subset valid \
     --max-tokens 4096 2>&1 | grep -E "valid on" | sed "s/^/$name: /" || true
   rows+=("$name=$WORK/scores_$name.json")
 done

@@ -92,7 +92,7 @@ mkdir -p "$WORK"
 CMLM=${CMLM:-$WORK/cmlm/checkpoint_best.pt}
 if [ "$CMLM" = "$WORK/cmlm/checkpoint_best.pt" ] && ! finished "$WORK/cmlm.log"; then
   echo "==> training the CMLM ($UPDATES updates; resumes from $WORK/cmlm/checkpoint_last.pt)"
-  fairseq-train "$WORK/data/bin" --user-dir fairseq_ext --task translation_mh --noise random_mask \
+  fairseq-train "$WORK/data/bin" --user-dir "$(fairseq-ext-dir)" --task translation_mh --noise random_mask \
     --source-lang de --target-lang en --arch cmlm_transformer --encoder-layers 2 --decoder-layers 2 \
     --encoder-embed-dim 192 --decoder-embed-dim 192 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 \
     --encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings --encoder-learned-pos \
@@ -126,7 +126,7 @@ fi
 OUT=$WORK/n$SENTENCES  # the samplers' outputs, per evaluation set size (and sampler seed after the first)
 [ "$SEED" = 1 ] || OUT=${OUT}_s$SEED
 mkdir -p "$OUT"
-GEN=(--user-dir fairseq_ext --gen-subset test --batch-size 50 --required-batch-size-multiple 1
+GEN=(--user-dir "$(fairseq-ext-dir)" --gen-subset test --batch-size 50 --required-batch-size-multiple 1
   --post-process sentencepiece --seed "$SEED")
 MH=(--task translation_mh --mh-chains "$CHAINS" --nbest 1 --mh-burn-in "$BURN_IN" --mh-epochs "$EPOCHS" --mh-history)
 

@@ -79,7 +79,7 @@ case $PAIR in
   *) echo "$0: PAIR must be de-en, en-de, ro-en or en-ro, got '$PAIR'" >&2; exit 2 ;;
 esac
 
-GEN=(--user-dir fairseq_ext "${GEN_DEVICE[@]}" --path "$CMLM" --gen-subset test --batch-size 50
+GEN=(--user-dir "$(fairseq-ext-dir)" "${GEN_DEVICE[@]}" --path "$CMLM" --gen-subset test --batch-size 50
   --required-batch-size-multiple 1 --remove-bpe --seed 1)
 # section 6.8's set-up: 5 chains, proposal temperature 0.8, acceptance forced to 1 in the first two
 # epochs. The headline runs anneal the target temperature to the floor at 60% of the epochs and print

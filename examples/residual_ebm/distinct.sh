@@ -45,11 +45,11 @@ fi
 for seed in $SEEDS; do
   S="$WORK/s$seed"
   mkdir -p "$S"
-  T=(--user-dir fairseq_ext --task residual_lm --residual-base-lm "$S/lm/checkpoint_last.pt" --residual-prefix-len "$P"
+  T=(--user-dir "$(fairseq-ext-dir)" --task residual_lm --residual-base-lm "$S/lm/checkpoint_last.pt" --residual-prefix-len "$P"
      --residual-continuation-len "$L" --seed "$seed")
   if ! finished "$S/lm.log"; then
     log "seed $seed: base LM, $LM_UPDATES updates (1 layer, 16 units: deliberately weak)"
-    fairseq-train "$WORK/bin" --user-dir fairseq_ext --task language_modeling --arch transformer_lm \
+    fairseq-train "$WORK/bin" --user-dir "$(fairseq-ext-dir)" --task language_modeling --arch transformer_lm \
       --decoder-layers 1 --decoder-embed-dim 16 --decoder-output-dim 16 --decoder-ffn-embed-dim 32 \
       --decoder-attention-heads 2 --tokens-per-sample $((P + L)) --optimizer adam --lr 0.005 \
       --max-tokens 2000 --max-update "$LM_UPDATES" --save-dir "$S/lm" --no-epoch-checkpoints --disable-validation \

@@ -62,14 +62,14 @@ DATA=$WORK/data/bin
 
 if ! finished "$WORK/lm.log"; then
   log "base LM: until valid loss has not improved for $LM_PATIENCE epochs (at most $LM_EPOCHS)"
-  fairseq-train "$DATA" --user-dir fairseq_ext --task language_modeling --arch transformer_lm \
+  fairseq-train "$DATA" --user-dir "$(fairseq-ext-dir)" --task language_modeling --arch transformer_lm \
     --decoder-layers 2 --decoder-embed-dim 128 --decoder-input-dim 128 --decoder-output-dim 128 --decoder-ffn-embed-dim 512 \
     --decoder-attention-heads 4 --share-decoder-input-output-embed --dropout 0.1 --tokens-per-sample 64 \
     --optimizer adam --lr 0.002 --lr-scheduler inverse_sqrt --warmup-updates 100 --max-tokens 4096 \
     --max-epoch "$LM_EPOCHS" --patience "$LM_PATIENCE" --save-dir "$WORK/lm" --no-epoch-checkpoints \
     --log-format simple --seed 1 --num-workers 0 >> "$WORK/lm.log" 2>&1
 fi
-T=(--user-dir fairseq_ext --task residual_lm --residual-base-lm "$WORK/lm/checkpoint_best.pt" --residual-prefix-len "$PREFIX"
+T=(--user-dir "$(fairseq-ext-dir)" --task residual_lm --residual-base-lm "$WORK/lm/checkpoint_best.pt" --residual-prefix-len "$PREFIX"
    --residual-continuation-len "$CONT" --residual-negatives-dir "$WORK/negatives")
 
 if [ ! -s "$WORK/negatives/valid.negatives.pt" ]; then

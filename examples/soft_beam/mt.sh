@@ -81,7 +81,7 @@ D=$WORK/data/bin
 
 [ -d "$D" ] || bash scripts/prepare/prepare_multi30k.sh "$FAIRSEQ_EXT_DATA/multi30k" "$WORK/data" "$VOCAB" \
   > "$WORK/prepare.log" 2>&1
-MODEL=(--user-dir fairseq_ext --arch lstm --encoder-layers 1 --decoder-layers 1
+MODEL=(--user-dir "$(fairseq-ext-dir)" --arch lstm --encoder-layers 1 --decoder-layers 1
   --encoder-bidirectional --encoder-embed-dim "$EMBED" --encoder-hidden-size "$HIDDEN"
   --decoder-embed-dim "$EMBED" --decoder-hidden-size "$HIDDEN" --decoder-out-embed-dim "$EMBED" --dropout 0.2
   --optimizer adam --clip-norm 1.0 --max-tokens 4000 --num-workers 0 --no-epoch-checkpoints
@@ -106,7 +106,7 @@ gen() {  # dir split mode options... (skipped when its score file is newer than 
   # a resumed decode; a run retrained after its score files were copied in is decoded again)
   local dir=$1 split=$2 mode=$3; shift 3
   [ "$dir/$split.$mode.json" -nt "$dir/checkpoint_best.pt" ] && return 0
-  fairseq-generate "$D" --user-dir fairseq_ext --task translation_search --path "$dir/checkpoint_best.pt" \
+  fairseq-generate "$D" --user-dir "$(fairseq-ext-dir)" --task translation_search --path "$dir/checkpoint_best.pt" \
     --gen-subset "$split" --batch-size 128 --max-len-a 1.2 --max-len-b 10 --post-process sentencepiece "$@" \
     > "$dir/$split.$mode.gen" 2> "$dir/$split.$mode.gen.log"
   "$PYTHON" scripts/score/score.py "$dir/$split.$mode.gen" --json "$dir/$split.$mode.json" > /dev/null
@@ -125,7 +125,7 @@ decode() {  # dir init normalisation; test first, the hard beam first (what the 
 }
 
 logz() {  # dir: log Z statistics of a checkpoint on train and dev (Table 5.1)
-  "$PYTHON" scripts/inspect/log_z.py "$D" --user-dir fairseq_ext --task translation --path "$1/checkpoint_best.pt" \
+  "$PYTHON" scripts/inspect/log_z.py "$D" --user-dir "$(fairseq-ext-dir)" --task translation --path "$1/checkpoint_best.pt" \
     --valid-subset train,valid --max-tokens 4000 --num-workers 0 > "$1/logz.log" 2>&1
 }
 

@@ -72,7 +72,7 @@ esac
 export OMP_NUM_THREADS=1
 D=$FAIRSEQ_EXT_DATA/conll2003
 mkdir -p "$WORK"
-TASK=(--user-dir fairseq_ext --task sequence_tagging --tagging-column "$TAG_COLUMN" --tagging-cache-dir "$WORK/cache")
+TASK=(--user-dir "$(fairseq-ext-dir)" --task sequence_tagging --tagging-column "$TAG_COLUMN" --tagging-cache-dir "$WORK/cache")
 case "$SELECT" in
   hard) SELECT_OPTS=(--tagging-eval-search hard --tagging-eval-beam 3) ;;
   greedy) SELECT_OPTS=() ;;

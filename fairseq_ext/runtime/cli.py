@@ -19,7 +19,7 @@ fairseq's parser (``fairseq.options.parse_args_and_arch``) gets four changes:
   ~180 lines of usage before it;
 * ``--help`` also lists the options of the chosen ``--task``, ``--criterion``,
   ``--arch``, ``--optimizer``, ... : fairseq prints help before it adds them,
-  so ``fairseq-train --user-dir fairseq_ext --criterion mgs --help`` showed no
+  so ``fairseq-train --user-dir "$(fairseq-ext-dir)" --criterion mgs --help`` showed no
   ``--mgs-*`` option. Every plugin option is also listed, without choosing, by
   ``python -m fairseq_ext.options`` (``fairseq_ext.options``);
 * the parsed options of the chosen plugin components are checked against the

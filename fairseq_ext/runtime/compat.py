@@ -36,6 +36,10 @@ documented (see its docstring).
 Clean exit: ``stop_batch_threads_at_exit`` stops fairseq's background batch
 threads before the interpreter shuts down (see its docstring).
 
+Dictionaries: ``runtime.dictionaries.patch_dictionary_check`` saves the dictionaries'
+fingerprints with every checkpoint and refuses a checkpoint trained with other
+dictionaries, the same size included.
+
 Input mistakes: ``patch_input_errors`` (a data directory or split that does not
 exist) and ``patch_checkpoint_errors`` (a checkpoint that is missing, does not
 load, or does not fit the model, e.g. trained with another dictionary) end the
@@ -59,6 +63,7 @@ from typing import Callable, Optional
 import torch
 
 from fairseq_ext.runtime.cli import ConfigError
+from fairseq_ext.runtime.dictionaries import STATE_KEY as _STATE_KEY
 from fairseq_ext.runtime.renamed import upgrade_checkpoint_cfg
 
 # torch < 1.13 has no weights_only argument and always unpickles.
@@ -160,9 +165,6 @@ def patch_checkpoint_directory_check() -> None:
         checkpoint_utils.verify_checkpoint_directory = _verify_checkpoint_directory
 
 
-_STATE_KEY = "fairseq_ext"
-
-
 def patch_criterion_state() -> None:
     """Carry a criterion's running state through checkpoints (idempotent).
 
@@ -187,7 +189,7 @@ def patch_criterion_state() -> None:
     def save_checkpoint(self, filename, extra_state):
         get_state = getattr(self.get_criterion(), "checkpoint_state", None)
         if get_state is not None:
-            extra_state = {**extra_state, _STATE_KEY: {"criterion": get_state()}}
+            extra_state = {**extra_state, _STATE_KEY: {**(extra_state.get(_STATE_KEY) or {}), "criterion": get_state()}}
         return save(self, filename, extra_state)
 
     @functools.wraps(load)

@@ -3,7 +3,7 @@ with ``--noise random_mask`` exactly as there) whose generator is the
 Metropolis-Hastings sampler of the thesis's chapter 6
 (``fairseq_ext/generators/mh_sampler.py``, kernels in ``fairseq_ext/core/mcmc.py``).
 
-    fairseq-generate DATA --user-dir fairseq_ext --task translation_mh --path cmlm.pt \\
+    fairseq-generate DATA --user-dir "$(fairseq-ext-dir)" --task translation_mh --path cmlm.pt \\
         --mh-energy raw --mh-chains 5 --mh-stats-file stats.jsonl
 
 Options are documented in docs/mh_sampler.md.

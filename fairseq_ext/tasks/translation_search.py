@@ -13,7 +13,7 @@ trained the checkpoint with (kept in its task state); asking for another warns.
 Train with ``--task translation`` (or this task: training is translation's) and
 decode any translation checkpoint:
 
-    fairseq-generate DATA --user-dir fairseq_ext --task translation_search --path ckpt.pt \\
+    fairseq-generate DATA --user-dir "$(fairseq-ext-dir)" --task translation_search --path ckpt.pt \\
         --beam 3 --search-algorithm soft --search-alpha 100 --search-normalization global
 
 docs/soft_beam.md documents the options.
