@@ -133,3 +133,40 @@ def test_plot_log_bad_input_is_one_line(runs, tmp_path, args, message):
     assert proc.returncode != 0 and not (tmp_path / "f.png").exists()
     assert proc.stderr.strip().splitlines()[-1].startswith(message), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_output_shape_hand_values():
+    """Two hypotheses of input 0 (reference 5 6 7): 5 6 5 6 5 6 has the 4-grams 5656, 6565,
+    5656 (2 unique of 3: rep 1/3); 7 has none (rep 0). EOS (2) and padding (1) are not counted."""
+    import torch
+
+    from fairseq_ext.decoding.scoring import output_shape
+
+    hyps = [torch.tensor([5, 6, 5, 6, 5, 6, 2]), torch.tensor([7, 2])]
+    refs = [torch.tensor([5, 6, 7, 2]), torch.tensor([9, 2])]
+    sums = output_shape(hyps, torch.tensor([0, 0]), refs, special=(2, 1))
+    assert sums == {"hyp_len": 7.0, "ref_len": 6.0, "rep4_sum": pytest.approx(1 / 3), "hyps": 2.0}
+    assert set(output_shape(hyps, torch.tensor([0, 1]), refs, (2, 1), prefix="greedy_")) == {
+        "greedy_hyp_len", "greedy_ref_len", "greedy_rep4_sum", "greedy_hyps"}
+    assert output_shape(hyps, torch.tensor([0, 1]), refs, (2, 1))["ref_len"] == 4.0
+
+
+@pytest.mark.parametrize("criterion", ["mrt", "pg", "mgs"])
+def test_length_ratio_and_repetition_are_logged(criterion, runs, toy_bin, tmp_path):
+    """Every update logs the candidates' length ratio to the references and their repeated
+    4-grams, and validation the greedy output's: length hacking shows during training."""
+    if criterion == "mgs":
+        log = runs / "mgs.stdout"
+    else:
+        proc = run_cli(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", *TINY, "--criterion", criterion,
+                        f"--{criterion}-task-loss", "edit", "--max-update", "2", "--log-interval", "1",
+                        "--save-dir", str(tmp_path)], env={"OMP_NUM_THREADS": "1"})
+        log = tmp_path / "train.log"
+        log.write_text(proc.stdout)
+    train, valid = stats_lines(log, "train_inner"), stats_lines(log, "valid")
+    assert train and valid
+    for record in train:
+        assert 0.0 < float(record["len_ratio"]) < 10.0 and 0.0 <= float(record["rep4"]) <= 1.0, record
+    for record in valid:
+        assert 0.0 < float(record["valid_greedy_len_ratio"]) < 10.0, record
+        assert 0.0 <= float(record["valid_greedy_rep4"]) <= 1.0, record

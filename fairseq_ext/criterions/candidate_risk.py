@@ -1,6 +1,9 @@
 """Shared skeleton of the action-space baselines ``mrt`` and ``pg``: decode
 candidates, score them with the task loss, differentiate log p(y | x) of each
-candidate, combine (the subclass's estimator), add the reference NLL term, log.
+candidate, combine (the subclass's estimator), add the reference NLL term, log
+(with the candidates' length ratio to the references and repeated 4-grams,
+``len_ratio`` and ``rep4``; in validation also the greedy output's,
+``greedy_len_ratio`` and ``greedy_rep4``).
 The loss is summed over inputs; the sample size is the number of sentences.
 
 The MLE term is ``mle_weight`` times the reference's per-token NLL, -log p(y* | x)
@@ -20,7 +23,8 @@ from torch import Tensor
 from fairseq_ext.runtime.clock import check_model_at_start
 from fairseq_ext.runtime.distributed import forward_in_wrapper
 from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, pad_columns, sequence_log_probs
-from fairseq_ext.decoding.scoring import BatchScorer, check_candidate_model, log_cost_seconds, log_sentence_means
+from fairseq_ext.decoding.scoring import (BatchScorer, check_candidate_model, log_cost_seconds, log_output_shape,
+                                          log_sentence_means)
 
 
 class CandidateRiskCriterion(FairseqCriterion):
@@ -31,6 +35,7 @@ class CandidateRiskCriterion(FairseqCriterion):
         check_model_at_start(task, lambda model: check_candidate_model(task, model, name))
         self.scorer = scorer
         self.decode_cfg = decode_cfg
+        self.greedy_cfg = DecodeConfig(max_len_ref_ratio=decode_cfg.max_len_ref_ratio, cuda_graphs=decode_cfg.cuda_graphs)
         self.mle_weight = mle_weight
 
     def decode(self, module, sample) -> Tuple[Candidates, Dict]:
@@ -55,6 +60,10 @@ class CandidateRiskCriterion(FairseqCriterion):
         hyps, index, tokens = self.candidate_set(module, cand, batch)
         with torch.no_grad():
             costs, _ = self.scorer.score(hyps, index, batch)
+        shape = self.scorer.output_shape(cand, batch)
+        if not module.training:  # what the deployed (greedy) decoder outputs, to catch length drift early
+            greedy, _ = self.scorer.decode(module, sample, self.greedy_cfg)
+            shape.update(self.scorer.output_shape(greedy, batch, prefix="greedy_"))
         prefix = batch.get("prefix")
         bsz, n = sample["nsentences"], len(hyps)
         if self.mle_weight > 0:  # the references, scored in the same forward
@@ -80,6 +89,7 @@ class CandidateRiskCriterion(FairseqCriterion):
             "nsentences": bsz,
             "sample_size": bsz,
             "cost_seconds": self.scorer.take_seconds(),
+            **shape,
             **extra,
         }
         return loss, bsz, logging_output
@@ -87,6 +97,8 @@ class CandidateRiskCriterion(FairseqCriterion):
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
         log_sentence_means(logging_outputs, cls.LOG_KEYS)
+        log_output_shape(logging_outputs)
+        log_output_shape(logging_outputs, prefix="greedy_")
         log_cost_seconds(logging_outputs)
 
     @staticmethod

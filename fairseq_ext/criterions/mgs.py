@@ -46,7 +46,8 @@ from fairseq_ext.decoding.candidates import (CUDA_GRAPHS, CUDA_GRAPHS_HELP, STRA
                                              grouped_reason)
 from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
-from fairseq_ext.decoding.scoring import TASK_LOSS_HELP, BatchScorer, check_candidate_model, log_cost_seconds
+from fairseq_ext.decoding.scoring import (TASK_LOSS_HELP, BatchScorer, check_candidate_model, log_cost_seconds,
+                                          log_output_shape)
 
 logger = logging.getLogger(__name__)
 EVALUATIONS = ("batched", "sequential")
@@ -220,7 +221,8 @@ class MGSCriterion(FairseqCriterion):
         return torch.Generator(device).manual_seed(mix_seed(seed, 0x5EED))
 
     def _costs_together(self, module, sample, params, search, device):
-        """(C(theta), the K candidates' costs, their log q and norms) from one grouped decode
+        """(C(theta), the K candidates' costs, their log q and norms, theta's candidates'
+        ``output_shape``) from one grouped decode
         (sampling: every set draws from its own ``_sampling_generator``)."""
         sets, infos = self._parameter_sets(params, search)
         gens = None
@@ -230,7 +232,9 @@ class MGSCriterion(FairseqCriterion):
         hyps = [h for cand in groups for h in cand.as_list()]
         total, _ = self.scorer.score(hyps, torch.cat([cand.source_index for cand in groups]), batch)
         means = pooled_means(total.view(sets.count, -1))
-        return float(means[0]), means[1:].tolist(), [i["log_q"] for i in infos], [i["norm"] for i in infos]
+        shape = self.scorer.output_shape(groups[0], batch)
+        return (float(means[0]), means[1:].tolist(), [i["log_q"] for i in infos], [i["norm"] for i in infos],
+                shape)
 
     def _costs_one_by_one(self, module, sample, search, device):
         """(the K candidates' costs, their log q and norms), theta perturbed in place for each."""
@@ -255,13 +259,15 @@ class MGSCriterion(FairseqCriterion):
         batched = self._batched_for(module)
         if not batched:
             gen = self._sampling_generator(device, seed)
-            c0 = float(self._pooled_cost(module, sample, self.decode_cfg, generator=gen)[0])
+            c0, cand0, _ = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
+            batch0 = self.scorer.decode_inputs(sample, self.scorer.dictionary)[0]
+            c0, shape = float(c0), self.scorer.output_shape(cand0, batch0)
         params, grads, nll_sum, ntokens = self._mle_gradient(module, sample)
         grad_norm = clip_grad_([grads], self.mle_clip)
 
         search = ParameterSearch(params, grads, self.proposal, seed)
         if batched:
-            c0, costs, log_qs, norms = self._costs_together(module, sample, params, search, device)
+            c0, costs, log_qs, norms, shape = self._costs_together(module, sample, params, search, device)
         else:
             costs, log_qs, norms = self._costs_one_by_one(module, sample, search, device)
         costs_t = torch.tensor(costs, dtype=torch.float64)
@@ -301,6 +307,7 @@ class MGSCriterion(FairseqCriterion):
             "mgs_logq_std": float(log_q_t.std(unbiased=False)),
             "mgs_skipped": 0.0 if finite else 1.0,
             "cost_seconds": self.scorer.take_seconds(),
+            **shape,
         }
         logging_output.update({f"mgs_{k}": v for k, v in stats.items()})
         return surrogate, 1, logging_output
@@ -323,6 +330,7 @@ class MGSCriterion(FairseqCriterion):
             "loss": float(nll), "nll_loss": float(nll), "ntokens": ntokens, "nsentences": sample["nsentences"],
             "sample_size": ntokens, "valid_task_loss_sum": float(total.sum()),
             "valid_len_sum": float(cand.lengths.sum()), "valid_nonterm_sum": float((~cand.finished).sum()),
+            **self.scorer.output_shape(cand, batch, prefix="greedy_"),
         }
         for name, c in per_name.items():
             logging_output[f"valid_cost_{name}_sum"] = float(c.sum())
@@ -344,6 +352,7 @@ class MGSCriterion(FairseqCriterion):
             for key in ("cand_mean", "cand_best", "weight_entropy", "weight_std", "mle_weight", "top_is_mle",
                         "mle_grad_norm", "cand_norm", "direction_norm", "logq_std", "skipped"):
                 metrics.log_scalar(f"mgs_{key}", total(f"mgs_{key}") / count, count, round=4)
+            log_output_shape(logging_outputs)
             log_cost_seconds(logging_outputs)
             return
         # validation: MLE loss in base 2 per token (fairseq convention) and the greedy task losses
@@ -358,6 +367,7 @@ class MGSCriterion(FairseqCriterion):
             names = {k[len("valid_cost_"):-len("_sum")] for log in logging_outputs for k in log if k.startswith("valid_cost_")}
             for name in sorted(names):
                 metrics.log_scalar(f"cost_{name}", total(f"valid_cost_{name}_sum") / nsent, nsent, round=4)
+            log_output_shape(logging_outputs, prefix="greedy_")
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:

@@ -15,12 +15,12 @@ from fairseq import utils
 from torch import Tensor
 
 from fairseq_ext.runtime.cli import ConfigError
-from fairseq_ext.core.task_losses import TASK_LOSS_SPEC, parse_task_loss_spec, task_loss_class, task_loss_names
+from fairseq_ext.core.task_losses import (TASK_LOSS_SPEC, parse_task_loss_spec, task_loss_class, task_loss_names,
+                                          unique_ngram_share)
 from fairseq_ext.runtime.distributed import unwrap
 from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates, decode_grouped, decode_with_greedy
 from fairseq_ext.decoding.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process
 from fairseq_ext.tasks.text_completion import TextCompletionTask, prefix_sample
-
 
 # the registered names: the core's, and lm (registered by decoding.sequence_cost, imported above)
 TASK_LOSS_HELP = ("{what}: a registered cost (" + ", ".join(task_loss_names()) + "), your own as module:Class (a "
@@ -109,6 +109,11 @@ class BatchScorer:
             return prefix_sample(sample, dictionary.pad(), dictionary.eos()), sample["prefix"]
         return sample, None
 
+    def output_shape(self, cand: Candidates, batch: Dict, prefix: str = "") -> Dict[str, float]:
+        """``output_shape`` of decoded candidates against the batch's references."""
+        special = (self.dictionary.eos(), self.dictionary.pad())
+        return output_shape(cand.as_list(), cand.source_index, self.references(batch), special, prefix)
+
     def references(self, sample: Dict) -> List[Tensor]:
         return [utils.strip_pad(t, self.dictionary.pad()) for t in sample["target"]]
 
@@ -172,6 +177,42 @@ class BatchScorer:
             total += w * c
         self.seconds += time.perf_counter() - start
         return total, per_name
+
+
+REPEAT_N = 4  # the n of the logged repetition rate (rep4)
+
+
+def output_shape(hyps: List[Tensor], source_index: Tensor, refs: List[Tensor], special: Tuple[int, ...],
+                 prefix: str = "") -> Dict[str, float]:
+    """Logged sums that show length hacking and loops in decoded outputs: ``{prefix}hyp_len``
+    (tokens of the hypotheses), ``{prefix}ref_len`` (tokens of the reference each answers;
+    hypothesis j answers ``refs[source_index[j]]``), ``{prefix}rep4_sum`` (the sum over the
+    hypotheses of 1 - their share of unique 4-grams, the ``rep`` cost) and ``{prefix}hyps``.
+    Tokens in ``special`` (EOS, padding) are not counted. ``log_output_shape`` turns them into
+    ``{prefix}len_ratio`` = hyp_len / ref_len and ``{prefix}rep4`` = rep4_sum / hyps."""
+    def plain(t: Tensor) -> List[int]:
+        return [x for x in t.tolist() if x not in special]
+
+    hyps_plain = [plain(h) for h in hyps]
+    ref_lengths = [len(plain(r)) for r in refs]
+    rep = sum(1.0 - unique_ngram_share([h], REPEAT_N) for h in hyps_plain)
+    return {f"{prefix}hyp_len": float(sum(len(h) for h in hyps_plain)),
+            f"{prefix}ref_len": float(sum(ref_lengths[i] for i in source_index.tolist())),
+            f"{prefix}rep4_sum": rep, f"{prefix}hyps": float(len(hyps))}
+
+
+def log_output_shape(logging_outputs, prefix: str = "") -> None:
+    """fairseq metrics ``{prefix}len_ratio`` and ``{prefix}rep4`` from ``output_shape``'s sums
+    (summed over micro-batches and workers first)."""
+    from fairseq import metrics
+
+    def total(key):
+        return sum(log.get(prefix + key, 0) for log in logging_outputs)
+
+    hyps, ref_len = total("hyps"), total("ref_len")
+    if hyps > 0 and ref_len > 0:
+        metrics.log_scalar(f"{prefix}len_ratio", total("hyp_len") / ref_len, ref_len, round=4)
+        metrics.log_scalar(f"{prefix}rep4", total("rep4_sum") / hyps, hyps, round=4)
 
 
 def log_cost_seconds(logging_outputs) -> None:
