@@ -282,6 +282,123 @@ def test_compare_runs_means_and_paired_tests(tmp_path):
     assert res["long"]["p_value"]["nonterm"][0] < 0.01 and res["long"]["p_value"]["nonterm"][1] == 1.0
 
 
+def test_compare_runs_chrf_is_sacrebleus_corpus_chrf(tmp_path):
+    """compare_runs.py's chrF on two hand-written runs (punctuation, different lengths)
+    is sacrebleu.corpus_chrf of the same strings (chrF2: character 6-grams, no word
+    n-grams), per seed, as the mean, as the difference and in the printed cell; the
+    header line states those settings."""
+    import sacrebleu
+
+    from conftest import run_cli
+
+    refs = ["the cat sat on the mat .", "a man is riding a red bike down the street", "two dogs play in the snow",
+            "she reads a book at home"]
+    hyps = {"a": ["the cat sat on a mat", "a man rides a bike on the street", "dogs are playing in snow",
+                  "she is reading at home"],
+            "b": ["the cat is on the mat .", "a man is riding a bike down the road", "two dogs play in the white snow",
+                  "she reads a book"]}
+    for name, h in hyps.items():
+        (tmp_path / f"{name}.out").write_text(_generate_output(h, refs))
+    out = tmp_path / "cmp.json"
+    stdout = run_cli(["python", "scripts/score/compare_runs.py", "--control", "a", f"a={tmp_path / 'a.out'}",
+                      f"b={tmp_path / 'b.out'}", "--bootstrap", "50", "--json", str(out)]).stdout.splitlines()
+    res = json.loads(out.read_text())
+    chrf = {name: sacrebleu.corpus_chrf(h, [refs]).score for name, h in hyps.items()}
+    for name in hyps:
+        assert res[name]["per_seed"][0]["chrf"] == pytest.approx(chrf[name], abs=1e-9)
+        assert res[name]["mean"]["chrf"] == pytest.approx(chrf[name], abs=1e-9)
+    assert res["b"]["diff"]["chrf"] == pytest.approx(chrf["b"] - chrf["a"], abs=1e-9)
+    assert stdout[1] == ("chrf: sacrebleu chrF2 (char order 6, word order 0, beta 2), "
+                         f"nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:{sacrebleu.__version__}")
+    assert stdout[3].split(" | ")[3] == "chrf"
+    assert stdout[-1].split(" | ")[3].startswith(f"{chrf['b']:.2f} +- 0.00 ({chrf['b'] - chrf['a']:+.2f}; p = ")
+
+
+def test_compare_runs_chrf_bootstrap_scores_resamples_from_summed_statistics(monkeypatch):
+    """The paired bootstrap's chrF of a resample, computed from the summed per-sentence
+    statistics, is sacrebleu.corpus_chrf of the resampled sentences, for the system and
+    the baseline on each of 5 resamples (drawn as sacrebleu draws them, seed 12345):
+    the summed statistics are the resampled corpus's exactly; the score, which
+    sacrebleu computes from a float32 sum, to float32 rounding, and from the exact
+    integer sum to 1e-9."""
+    import random
+
+    import numpy as np
+    import sacrebleu
+    from sacrebleu.metrics import CHRF
+
+    class RecordedCHRF(CHRF):
+        """CHRF recording every (summed statistics, score) it computes."""
+
+        def __init__(self):
+            super().__init__()
+            self.scored = {}
+
+        def _compute_score_from_stats(self, stats):
+            score = super()._compute_score_from_stats(stats)
+            self.scored[tuple(int(x) for x in stats)] = score.score
+            return score
+
+    monkeypatch.delenv("SACREBLEU_SEED", raising=False)
+    words = "a man in a red shirt is riding a bike down the street , two dogs play .".split()
+    rng = random.Random(0)
+    refs = [" ".join(rng.sample(words, rng.randint(3, 9))) for _ in range(25)]
+    hyps = [" ".join(rng.sample(r.split(), len(r.split())) + rng.sample(words, i % 3)) for i, r in enumerate(refs)]
+    base = [" ".join(r.split()[: len(r.split()) // 2]) for r in refs]
+    metric = RecordedCHRF()
+    comparison.paired_bootstrap_corpus(hyps, base, refs, 5, metric)
+    resamples = np.random.default_rng(12345).choice(len(refs), size=(5, len(refs)), replace=True)
+    for idx in resamples:
+        for sents in (hyps, base):
+            h, r = [sents[i] for i in idx], [refs[i] for i in idx]
+            stats = tuple(int(x) for x in np.sum(CHRF()._extract_corpus_statistics(h, [r]), 0))
+            expected = sacrebleu.corpus_chrf(h, [r]).score
+            assert stats in metric.scored, "a resample the bootstrap did not score"
+            assert metric.scored[stats] == pytest.approx(expected, abs=1e-4)
+            assert CHRF()._compute_score_from_stats(list(stats)).score == pytest.approx(expected, abs=1e-9)
+
+
+def test_compare_runs_chrf_paired_bootstrap_floor_and_sign(tmp_path):
+    """A system equal to the references (chrF 100) against a control of random letters
+    (chrF near 0), two seeds: the difference is 100 minus the control's chrF, positive,
+    with p at the bootstrap's floor 1 / (50 + 1) per seed and pooled; against a
+    control of references the garbage system's difference is negative; a copy of the
+    control differs by 0."""
+    import random
+
+    import sacrebleu
+
+    from conftest import run_cli
+
+    words = "a man in a red shirt is riding a bike down the street".split()
+    rng = random.Random(1)
+    refs = [" ".join(rng.sample(words, 6)) for _ in range(30)]
+    files = {"garbage": [], "perfect": []}
+    garbage = []
+    for seed in (1, 2):
+        garbage.append([" ".join("".join(rng.choice("qxzjvk") for _ in range(5)) for _ in range(4)) for _ in refs])
+        for name, hyps in (("garbage", garbage[-1]), ("perfect", refs)):
+            path = tmp_path / f"{name}{seed}.out"
+            path.write_text(_generate_output(hyps, refs))
+            files[name].append(str(path))
+    out = tmp_path / "cmp.json"
+    spec = {name: f"{name}={','.join(paths)}" for name, paths in files.items()}
+    run_cli(["python", "scripts/score/compare_runs.py", "--control", "garbage", spec["garbage"], spec["perfect"],
+             f"copy={','.join(files['garbage'])}", "--bootstrap", "50", "--json", str(out)])
+    res = json.loads(out.read_text())
+    garbage_chrf = [sacrebleu.corpus_chrf(g, [refs]).score for g in garbage]
+    assert max(garbage_chrf) < 5 and res["perfect"]["mean"]["chrf"] == pytest.approx(100.0)
+    assert res["perfect"]["diff"]["chrf"] == pytest.approx(100.0 - sum(garbage_chrf) / 2, abs=1e-9)
+    assert res["perfect"]["diff"]["chrf"] > 0
+    assert res["perfect"]["p_value"]["chrf"] == [1 / 51, 1 / 51] and res["perfect"]["p_value_pooled"]["chrf"] == 1 / 51
+    assert res["copy"]["diff"]["chrf"] == 0.0
+    run_cli(["python", "scripts/score/compare_runs.py", "--control", "perfect", spec["perfect"], spec["garbage"],
+             "--bootstrap", "50", "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert res["garbage"]["diff"]["chrf"] == pytest.approx(sum(garbage_chrf) / 2 - 100.0, abs=1e-9)
+    assert res["garbage"]["p_value_pooled"]["chrf"] == 1 / 51
+
+
 def test_dss_table_welch_p_values_match_t_tables(tmp_path):
     """dss_table.py --control: Welch's two-sided p (fairseq_ext.evaluation.comparison's incomplete beta) against printed t tables
     (df 1, 4, 10 at their 5% / 1% critical values) and a hand-computed Welch case (1,2,3 vs 4,5,6: t = -3.674,

@@ -5,16 +5,19 @@ against a control, and the tables every experiment prints. The one module for th
 Tests:
 - ``paired_bootstrap_mean``: per-sentence values of two systems on the same sentences
   (Koehn 2004's paired bootstrap of the mean difference, shifted to the null);
-- ``paired_bootstrap_bleu``: corpus BLEU, sacrebleu's ``--paired-bs``;
+- ``paired_bootstrap_corpus``: a corpus metric (BLEU, chrF), sacrebleu's ``--paired-bs``;
 - ``welch``: two independent samples of run-level values (e.g. one F1 per seed).
 """
 from __future__ import annotations
 
 import json
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from sacrebleu.metrics.base import Metric
 
 
 def mean_std(values: Sequence[float]) -> Tuple[float, float]:
@@ -52,14 +55,24 @@ def paired_bootstrap_mean(sys_values: np.ndarray, base_values: np.ndarray, n_sam
     return (int(np.sum(np.abs(resampled - resampled.mean()) >= observed)) + 1) / (n_samples + 1)
 
 
-def paired_bootstrap_bleu(hyps: Sequence[str], base: Sequence[str], refs: Sequence[str], n_samples: int) -> float:
-    """sacrebleu's --paired-bs p-value of corpus BLEU (its own seed, 12345)."""
-    from sacrebleu.metrics import BLEU
+def paired_bootstrap_corpus(hyps: Sequence[str], base: Sequence[str], refs: Sequence[str], n_samples: int,
+                            metric: Metric) -> float:
+    """sacrebleu's --paired-bs p-value of the corpus score of ``metric`` (a sacrebleu
+    metric, e.g. ``BLEU()`` or ``CHRF()``; one reference a sentence), with its own seed,
+    12345. Each sentence's sufficient statistics (BLEU: n-gram matches and lengths;
+    chrF: hypothesis, reference and matched character and word n-gram counts per
+    order) are extracted once, and a resample's corpus score is computed from the sum
+    of its sentences' statistics. sacrebleu sums them in float32 (exact for counts
+    below 2^24) and scores the float32 sum: a resample's chrF differs from the corpus
+    chrF of its sentences by float32 rounding (about 1e-5). The resamples depend only
+    on the seed, ``n_samples`` and the number of sentences, so every metric of a
+    comparison is tested on the same resamples."""
     from sacrebleu.significance import PairedTest
 
-    _, res = PairedTest([("baseline", list(base)), ("system", list(hyps))], {"BLEU": BLEU()}, [list(refs)],
-                        test_type="bs", n_samples=n_samples)()
-    return float(res["BLEU"][1].p_value)
+    _, res = PairedTest([("baseline", list(base)), ("system", list(hyps))], {type(metric).__name__: metric},
+                        [list(refs)], test_type="bs", n_samples=n_samples)()
+    (scores,) = [v for k, v in res.items() if k != "System"]  # keyed by the score's name: BLEU, chrF2, ...
+    return float(scores[1].p_value)
 
 
 def _betacf(a: float, b: float, x: float, iters: int = 300, eps: float = 1e-15) -> float:

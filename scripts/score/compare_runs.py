@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Compare systems trained with several seeds against a control: mean +- std over
+r"""Compare systems trained with several seeds against a control: mean +- std over
 seeds of each metric, and paired bootstrap tests against the control.
 
     python scripts/score/compare_runs.py --control mle_cont \
@@ -8,18 +8,25 @@ seeds of each metric, and paired bootstrap tests against the control.
 Each ``LABEL=FILE[,FILE...]`` gives one fairseq-generate output (or, with
 ``--text``, a file of detokenized hypotheses, one a line, then ``--ref`` is
 required) per seed; the i-th file of a system is paired with the i-th file of the
-control (same seed, same test set). Metrics are scripts/score/score.py's: corpus BLEU
-(sacrebleu), mean sentence BLEU, edit cost, rep-4 and hypothesis length; with
-``--max-len`` (text completion) also non-termination.
+control (same seed, same test set). Metrics: corpus BLEU (sacrebleu's ``BLEU()``,
+13a tokenization) and corpus chrF (sacrebleu's ``CHRF()``: character n-grams up to
+6, no word n-grams, beta 2, i.e. chrF2, not chrF++), and scripts/score/score.py's
+mean sentence BLEU, edit cost, rep-4 and hypothesis length; with ``--max-len``
+(text completion) also non-termination. The printed table is headed by a line per
+corpus metric shown: its sacrebleu name, settings and signature (also under
+``signatures`` in ``--json``).
 
-Significance: for BLEU, sacrebleu's paired bootstrap resampling (``--paired-bs``:
-Koehn 2004 as sacrebleu implements it, two-sided, ``--bootstrap`` resamples, p =
-(c + 1) / (n + 1) with c the resamples whose centred absolute difference exceeds
-the observed one; for two nearly identical systems this p can be small although
-the difference is negligible: read it with the difference); for the
-sentence-level metrics, a paired bootstrap of the mean per-sentence difference,
-shifted to the null. Reported per seed pair, and pooled: the seeds' test sets
-concatenated (each system's seed i against the control's seed i).
+Significance: for the corpus metrics (BLEU, chrF), sacrebleu's paired bootstrap
+resampling (``--paired-bs``: Koehn 2004 as sacrebleu implements it, two-sided,
+``--bootstrap`` resamples drawn with seed 12345, the same resamples for BLEU and
+chrF, each resample's corpus score computed from its sentences' summed sufficient
+statistics; p = (c + 1) / (n + 1) with c the resamples whose centred absolute
+difference exceeds the observed one, at least 1 / (n + 1); for identical systems it
+is that floor, and for nearly identical ones it can be small although the
+difference is negligible: read it with the difference); for the sentence-level
+metrics, a paired bootstrap of the mean per-sentence difference, shifted to the
+null. Reported per seed pair, and pooled: the seeds' test sets concatenated (each
+system's seed i against the control's seed i).
 """
 from __future__ import annotations
 
@@ -29,13 +36,15 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
-import sacrebleu
+from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.metrics.base import Metric
 
 from fairseq_ext.core.task_losses import build_task_loss
-from fairseq_ext.evaluation.comparison import format_table, mean_std, paired_bootstrap_bleu, paired_bootstrap_mean
+from fairseq_ext.evaluation.comparison import format_table, mean_std, paired_bootstrap_corpus, paired_bootstrap_mean
 from fairseq_ext.evaluation.generate_output import read_generate_file, read_lines
 from fairseq_ext.evaluation.translation import nonterm_costs
 
+CORPUS_METRICS = {"bleu": BLEU, "chrf": CHRF}  # name -> sacrebleu metric, built with its defaults
 SENTENCE_METRICS = {  # name -> per-sentence values of (hyps, refs)
     "sentence_bleu": lambda h, r: 100.0 * (1.0 - build_task_loss("sbleu")(h, r).double()),
     "edit": lambda h, r: build_task_loss("edit")([x.split() for x in h],
@@ -43,7 +52,7 @@ SENTENCE_METRICS = {  # name -> per-sentence values of (hyps, refs)
     "rep4": lambda h, r: build_task_loss("rep", n=4)([x.split() for x in h]).double(),
     "avg_hyp_len": lambda h, r: np.array([len(x.split()) for x in h], dtype=float),
 }
-METRICS = ["bleu"] + list(SENTENCE_METRICS)
+METRICS = list(CORPUS_METRICS) + list(SENTENCE_METRICS)
 LOWER_IS_BETTER = {"edit", "rep4", "nonterm"}
 
 
@@ -70,24 +79,37 @@ def sentence_values(hyps: List[str], refs: List[str], raw: List[str],
     return out
 
 
+def describe(metric: Metric, name: str) -> str:
+    """Which corpus score ``metric`` computed (after scoring): sacrebleu's score name,
+    chrF's orders and beta spelled out, and sacrebleu's signature."""
+    settings = (f" (char order {metric.char_order}, word order {metric.word_order}, beta {metric.beta})"
+                if isinstance(metric, CHRF) else "")
+    return f"sacrebleu {name}{settings}, {metric.get_signature().format()}"
+
+
 def compare(systems: Dict[str, List[tuple[List[str], List[str], List[str]]]], control: str, n_samples: int,
             max_len: Optional[int] = None) -> dict:
-    """Per system: per-seed metrics, mean and std, and, against ``control``, the
-    difference of the means and the paired p-values (per seed pair and pooled)."""
+    """Per system: per-seed metrics, mean and std, the corpus metrics' descriptions
+    (``describe``), and, against ``control``, the difference of the means and the
+    paired p-values (per seed pair and pooled)."""
     ctrl = systems[control]
     values = {label: [sentence_values(h, r, raw, max_len) for h, r, raw in runs] for label, runs in systems.items()}
     sentence_metrics = list(values[control][0])
-    metrics = ["bleu"] + sentence_metrics
+    metrics = list(CORPUS_METRICS) + sentence_metrics
     out = {}
     for label, runs in systems.items():
-        corpus = [sacrebleu.corpus_bleu(h, [r]) for h, r, _ in runs]
-        per_seed = [{"bleu": b.score, **{k: float(v.mean()) for k, v in vals.items()}}
-                    for b, vals in zip(corpus, values[label])]
+        corpus, signatures = {}, {}
+        for k, metric_class in CORPUS_METRICS.items():
+            metric = metric_class()
+            corpus[k] = [metric.corpus_score(h, [r]) for h, r, _ in runs]
+            signatures[k] = describe(metric, corpus[k][0].name)
+        per_seed = [{**{k: scores[i].score for k, scores in corpus.items()},
+                     **{k: float(v.mean()) for k, v in vals.items()}} for i, vals in enumerate(values[label])]
         stats = {k: mean_std([row[k] for row in per_seed]) for k in metrics}
         details = [{"bp": b.bp, "len_ratio": b.sys_len / b.ref_len,
-                    **{f"prec{n + 1}": b.precisions[n] for n in range(4)}} for b in corpus]
+                    **{f"prec{n + 1}": b.precisions[n] for n in range(4)}} for b in corpus["bleu"]]
         out[label] = {"seeds": len(runs), "per_seed": per_seed, "mean": {k: v[0] for k, v in stats.items()},
-                      "std": {k: v[1] for k, v in stats.items()},
+                      "std": {k: v[1] for k, v in stats.items()}, "signatures": signatures,
                       "bleu_details": {k: mean_std([d[k] for d in details])[0] for k in details[0]}}
     for label, runs in systems.items():
         if label == control:
@@ -97,10 +119,13 @@ def compare(systems: Dict[str, List[tuple[List[str], List[str], List[str]]]], co
                              f"runs are paired by position (seed)")
         if any(r != br for (_, r, _), (_, br, _) in zip(runs, ctrl)):
             raise SystemExit(f"compare_runs: {label} and {control} were not scored on the same references")
-        p = {"bleu": [paired_bootstrap_bleu(h, b, r, n_samples) for (h, r, _), (b, _, _) in zip(runs, ctrl)]}
         pooled_h, pooled_b = [x for h, _, _ in runs for x in h], [x for b, _, _ in ctrl for x in b]
         pooled_r = [x for _, r, _ in runs for x in r]
-        pooled = {"bleu": paired_bootstrap_bleu(pooled_h, pooled_b, pooled_r, n_samples)}
+        p, pooled = {}, {}
+        for k, metric_class in CORPUS_METRICS.items():
+            p[k] = [paired_bootstrap_corpus(h, b, r, n_samples, metric_class())
+                    for (h, r, _), (b, _, _) in zip(runs, ctrl)]
+            pooled[k] = paired_bootstrap_corpus(pooled_h, pooled_b, pooled_r, n_samples, metric_class())
         for k in sentence_metrics:
             sys_vals, base_vals = [v[k] for v in values[label]], [v[k] for v in values[control]]
             p[k] = [paired_bootstrap_mean(sv, bv, n_samples, 12345) for sv, bv in zip(sys_vals, base_vals)]
@@ -111,8 +136,10 @@ def compare(systems: Dict[str, List[tuple[List[str], List[str], List[str]]]], co
 
 
 def markdown(result: dict, control: str, metrics: Sequence[str]) -> str:
-    """One row per system: mean +- std per metric; for the others, the difference to
-    the control and the pooled p-value (per-seed p-values in brackets)."""
+    """A line per corpus metric shown (which sacrebleu score it is, ``describe``), then
+    the table: one row per system, mean +- std per metric; for the others, the
+    difference to the control and the pooled p-value (per-seed p-values in brackets)."""
+    header = [f"{m}: {result[control]['signatures'][m]}" for m in metrics if m in CORPUS_METRICS]
     rows = [["system", "seeds"] + list(metrics)]
     for label, e in result.items():
         cells = [label + (" (control)" if label == control else ""), str(e["seeds"])]
@@ -124,7 +151,8 @@ def markdown(result: dict, control: str, metrics: Sequence[str]) -> str:
                 cell += f" ({e['diff'][m]:+.{d}f}; p = {e['p_value_pooled'][m]:.3f} [{seeds}])"
             cells.append(cell)
         rows.append(cells)
-    return format_table(rows, markdown=True)
+    table = format_table(rows, markdown=True)
+    return "\n".join(header + ["", table]) if header else table
 
 
 def markdown_bleu_details(result: dict) -> str:
@@ -144,7 +172,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("systems", nargs="+", metavar="LABEL=FILE[,FILE...]", help="one file per seed")
     parser.add_argument("--control", required=True, help="label of the control system")
-    parser.add_argument("--metrics", default="bleu,sentence_bleu,edit,avg_hyp_len",
+    parser.add_argument("--metrics", default="bleu,chrf,sentence_bleu,edit,avg_hyp_len",
                         help=f"comma-separated, from {','.join(METRICS)}")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (sacrebleu's default 1000)")
     parser.add_argument("--text", action="store_true", help="files hold plain hypotheses (needs --ref)")
