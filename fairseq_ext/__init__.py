@@ -24,6 +24,7 @@ from fairseq_ext.runtime.compat import (  # noqa: E402
     patch_checkpoint_directory_check,
     patch_checkpoint_errors,
     patch_checkpoint_loading,
+    patch_criterion_configuration,
     patch_criterion_state,
     patch_input_errors,
     patch_resume_batches,
@@ -34,6 +35,7 @@ patch_checkpoint_loading()
 patch_checkpoint_copies()
 patch_checkpoint_directory_check()
 patch_criterion_state()
+patch_criterion_configuration()
 patch_resume_batches()
 patch_amp_loss_scaler()
 patch_input_errors()

@@ -89,3 +89,20 @@ class OnItsOwnDevice(TaskLoss):
 class NowhereDevice(TaskLoss):
     needs_reference = False
     device = "nowhere"
+
+
+class Recorder(TaskLoss):
+    """Cost 0; appends each (hypothesis, reference, source) text it receives to the file
+    $RECORD_COSTS as one JSON line: the strings a text cost sees."""
+
+    needs_reference = True
+    needs_source = True
+    input_kind = "text"
+
+    def sentence_cost(self, hyp, ref, source):
+        import json
+        import os
+
+        with open(os.environ["RECORD_COSTS"], "a", encoding="utf-8") as f:
+            f.write(json.dumps([hyp, ref, source]) + "\n")
+        return 0.0

@@ -38,6 +38,10 @@ class CandidateRiskCriterion(FairseqCriterion):
         self.greedy_cfg = DecodeConfig(max_len_ref_ratio=decode_cfg.max_len_ref_ratio, cuda_graphs=decode_cfg.cuda_graphs)
         self.mle_weight = mle_weight
 
+    def configure_from_training(self, cfg) -> None:
+        """The text costs detokenize as the data does (``BatchScorer.configure_text``)."""
+        self.scorer.configure_text(cfg, self.task)
+
     def decode(self, module, sample) -> Tuple[Candidates, Dict]:
         """(the candidates, the batch as the decoder saw it)."""
         return self.scorer.decode(module, sample, self.decode_cfg)

@@ -148,6 +148,10 @@ class MGSCriterion(FairseqCriterion):
         self.clock = TrainingClock(task)
         self._update_key = (None, 0)
 
+    def configure_from_training(self, cfg) -> None:
+        """The text costs detokenize as the data does (``BatchScorer.configure_text``)."""
+        self.scorer.configure_text(cfg, self.task)
+
     # ---------------------------------------------------------------- helpers
     def _step_seed(self) -> int:
         """One seed per (update, micro-batch), identical on all workers and after resuming.

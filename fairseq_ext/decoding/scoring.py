@@ -7,6 +7,7 @@ of registered task losses (``--*-task-loss "edit"`` or ``"edit=1,rep=0.5"``)
 against the references (and the sources / prefixes for the ``lm`` cost).
 """
 import copy
+import logging
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -19,8 +20,10 @@ from fairseq_ext.core.task_losses import (TASK_LOSS_SPEC, parse_task_loss_spec, 
                                           unique_ngram_share)
 from fairseq_ext.runtime.distributed import unwrap
 from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates, decode_grouped, decode_with_greedy
-from fairseq_ext.decoding.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process
+from fairseq_ext.decoding.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process, text_tools
 from fairseq_ext.tasks.text_completion import TextCompletionTask, prefix_sample
+
+logger = logging.getLogger(__name__)
 
 # the registered names: the core's, and lm (registered by decoding.sequence_cost, imported above)
 TASK_LOSS_HELP = ("{what}: a registered cost (" + ", ".join(task_loss_names()) + "), your own as module:Class (a "
@@ -66,7 +69,7 @@ class BatchScorer:
         self.weights = parse_cost_spec(spec, f"--{criterion}-task-loss")
         self.dictionary = task.target_dictionary
         classes = {name: task_loss_class(name) for name in self.weights}
-        option = f"--{criterion}-post-process"
+        option = self.post_process_option = f"--{criterion}-post-process"
         text_costs = [name for name, cls in classes.items() if cls.input_kind == "text"]
         self.post_process = resolve_post_process(post_process, self.dictionary, option, text_costs)
         # the sources: the source sentences of a translation task, the prefixes (target side) of text completion
@@ -89,6 +92,23 @@ class BatchScorer:
                                             source_post_process=source_post_process)
         if "lm" in self.weights and score_model is not None:
             self.costs["lm"] = SequenceCost("lm", self.dictionary, scorer=LMScorerCost.from_checkpoint(score_model).scorer)
+
+    def configure_text(self, cfg, task) -> None:
+        """Text costs see the data's text as its metric does: fairseq's ``--bpe`` and
+        ``--tokenizer``, or the task's ``--eval-bleu-detok`` (``sequence_cost.text_tools``);
+        logged once. ``cfg``: the fairseq-train configuration."""
+        names = [name for name, cost in self.costs.items() if "text" in (cost.loss.input_kind, cost.loss.source_kind)]
+        if not names:
+            return
+        bpe, target, source, how = text_tools(cfg, task)
+        for name in names:
+            cost = self.costs[name]
+            cost.target.bpe, cost.target.tokenizer = bpe, target
+            cost.source.bpe, cost.source.tokenizer = bpe, source
+        self._cache = None
+        removal = f"subwords removed by {self.post_process_option} {self.post_process or 'none'}" if bpe is None else ""
+        logger.info(f"text costs ({'/'.join(names)}): " + ", ".join(x for x in (removal, how) if x)
+                    + ("" if how else " (no --tokenizer or --eval-bleu-detok: not detokenized)"))
 
     def take_seconds(self) -> float:
         """Seconds spent computing costs since the last call (for the criteria's ``cost_seconds``)."""

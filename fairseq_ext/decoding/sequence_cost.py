@@ -1,8 +1,8 @@
 """fairseq adapter for the task losses of ``fairseq_ext.core.task_losses``.
 
 ``SequenceCost`` turns decoded token tensors (fairseq dictionary ids) into what a
-core loss takes: detokenized text for ``sbleu`` / ``chrf`` (BPE removed with
-``post_process``, then an optional fairseq tokenizer's ``decode``), dictionary
+core loss takes: detokenized text for ``sbleu`` / ``chrf`` (BPE removed with fairseq's
+``--bpe`` or ``post_process``, then the data's tokenizer's ``decode``: ``text_tools``), dictionary
 symbols for the token-level losses (padding and EOS removed, except for
 ``nonterm`` which looks for the EOS).
 
@@ -16,8 +16,10 @@ hypothesis under a frozen fairseq scorer, conditional on the source for
 encoder-decoder scorers and on the prefix for language models (MGS paper,
 section 5.1: "LM" task loss).
 """
+import json
 import logging
-from typing import List, Optional, Sequence
+from argparse import Namespace
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from fairseq.data import data_utils
@@ -74,6 +76,54 @@ def resolve_post_process(value: Optional[str], dictionary, option: str, costs: S
         logger.warning(f"{option} {value or 'none'}, but {evidence}: {what} will be {effect}. "
                        f"Use {option} auto (the default) to follow the dictionary.")
     return value
+
+
+def text_tools(cfg, task) -> Tuple[object, object, object, str]:
+    """(bpe, target tokenizer, source tokenizer, how) with which text costs see the data's
+    text as its metric does, from a fairseq-train configuration ``cfg`` and its task:
+
+    * fairseq's ``--bpe`` and ``--tokenizer`` where given (the data's own tools, as
+      fairseq-generate decodes with them: ``bpe.decode``, then ``tokenizer.decode``);
+    * else the task's ``--eval-bleu-detok`` (translation: what its validation BLEU
+      detokenizes with), with ``--eval-bleu-detok-args``;
+    * else none (``None``s): only the BPE removal of ``--*-post-process``.
+
+    A Moses tokenizer detokenizes the sources with the source language's rules. ``how``
+    says what was chosen, for the log."""
+    from fairseq.data import encoders
+
+    def lang(value, side):
+        return value if value else (getattr(getattr(task, "cfg", None), f"{side}_lang", None) or "en")
+
+    bpe = encoders.build_bpe(cfg.bpe) if cfg.get("bpe") is not None else None
+    target = source = None
+    how = []
+    if cfg.get("tokenizer") is not None:
+        tok_cfg = cfg.tokenizer
+        name = tok_cfg.get("_name")
+        if name == "moses":
+            fields = {k: tok_cfg.get(k) for k in ("moses_no_dash_splits", "moses_no_escape")}
+            src, tgt = lang(tok_cfg.get("source_lang"), "source"), lang(tok_cfg.get("target_lang"), "target")
+            target = encoders.build_tokenizer(Namespace(tokenizer="moses", source_lang=src, target_lang=tgt, **fields))
+            source = encoders.build_tokenizer(Namespace(tokenizer="moses", source_lang=src, target_lang=src, **fields))
+        else:
+            target = source = encoders.build_tokenizer(tok_cfg)
+        how.append(f"detokenized with --tokenizer {name}")
+    else:
+        task_cfg = getattr(task, "cfg", None)
+        detok = getattr(task_cfg, "eval_bleu_detok", None) if task_cfg is not None else None
+        if detok not in (None, "", "space"):
+            args = json.loads(getattr(task_cfg, "eval_bleu_detok_args", None) or "{}")
+            if detok == "moses":
+                src, tgt = lang(args.pop("source_lang", None), "source"), lang(args.pop("target_lang", None), "target")
+                target = encoders.build_tokenizer(Namespace(tokenizer="moses", source_lang=src, target_lang=tgt, **args))
+                source = encoders.build_tokenizer(Namespace(tokenizer="moses", source_lang=src, target_lang=src, **args))
+            else:
+                target = source = encoders.build_tokenizer(Namespace(tokenizer=detok, **args))
+            how.append(f"detokenized with --eval-bleu-detok {detok}")
+    if bpe is not None:
+        how.insert(0, f"subwords removed by --bpe {cfg.bpe.get('_name')}")
+    return bpe, target, source, ", ".join(how)
 
 
 @register_task_loss("lm")
@@ -207,12 +257,17 @@ class SequenceCost:
 
 class _Side:
     """Token ids of one dictionary into what a loss takes: text (BPE removed, detokenized),
-    symbols, or the ids themselves."""
+    symbols, or the ids themselves.
 
-    def __init__(self, dictionary, post_process: Optional[str], tokenizer):
+    Text is made as fairseq-generate makes its detokenized output: the symbols joined by
+    spaces, then the subword segmentation removed (fairseq's ``bpe.decode`` where a ``--bpe``
+    is configured, else ``post_process``), then the tokenizer's ``decode`` (e.g. Moses)."""
+
+    def __init__(self, dictionary, post_process: Optional[str], tokenizer, bpe=None):
         self.dictionary = dictionary
         self.post_process = post_process
         self.tokenizer = tokenizer
+        self.bpe = bpe
         self._symbols = list(dictionary.symbols)
         self._special = {dictionary.pad(), dictionary.eos(), dictionary.bos()}
         self.device: Optional[torch.device] = None  # where "ids" go (the cost's device, once set up)
@@ -230,5 +285,5 @@ class _Side:
         """As ``Dictionary.string(tokens, post_process)`` (EOS, BOS and padding dropped),
         without its per-token overhead; then the tokenizer's ``decode``."""
         sent = " ".join(self._symbols[t] for t in tokens.tolist() if t not in self._special)
-        sent = data_utils.post_process(sent, self.post_process)
+        sent = self.bpe.decode(sent) if self.bpe is not None else data_utils.post_process(sent, self.post_process)
         return self.tokenizer.decode(sent) if self.tokenizer is not None else sent

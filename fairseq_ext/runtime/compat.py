@@ -21,6 +21,9 @@ to ``checkpoint_last.pt`` / ``checkpoint_best.pt`` atomic (see its docstring).
 Concurrent runs: ``patch_checkpoint_directory_check`` makes fairseq's start-up write
 test of ``--save-dir`` safe for several runs sharing a directory (see its docstring).
 
+Criterion configuration: ``patch_criterion_configuration`` gives a plugin criterion the
+whole fairseq-train configuration (its text costs detokenize with the data's tokenizer).
+
 Criterion state: ``patch_criterion_state`` saves a criterion's running state (PG's
 moving baseline) with every checkpoint and gives it back on resume (see its
 docstring).
@@ -205,6 +208,29 @@ def patch_criterion_state() -> None:
 
     save_checkpoint.__fairseq_ext_state__ = True
     Trainer.save_checkpoint, Trainer.load_checkpoint = save_checkpoint, load_checkpoint
+
+
+def patch_criterion_configuration() -> None:
+    """Give a plugin criterion the whole fairseq-train configuration (idempotent): fairseq
+    builds a criterion from the criterion's section alone, but text costs need the data's
+    ``--tokenizer`` and ``--bpe``. ``Trainer.__init__`` calls the criterion's
+    ``configure_from_training(cfg)`` where it has one, in every data-parallel worker,
+    before the trainer is built."""
+    from fairseq.trainer import Trainer
+
+    init = Trainer.__init__
+    if getattr(init, "__fairseq_ext_configure__", False):
+        return
+
+    @functools.wraps(init)
+    def __init__(self, cfg, task, model, criterion, *args, **kwargs):
+        configure = getattr(criterion, "configure_from_training", None)
+        if configure is not None:
+            configure(cfg)
+        init(self, cfg, task, model, criterion, *args, **kwargs)
+
+    __init__.__fairseq_ext_configure__ = True
+    Trainer.__init__ = __init__
 
 
 def _stop_background_consumers(timeout: float = 10.0) -> None:
