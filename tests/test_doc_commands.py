@@ -163,6 +163,7 @@ def _parse(command: Command) -> str:
     parser = options.get_training_parser() if program == "fairseq-train" else options.get_generation_parser()
     err = io.StringIO()
     own = [os.path.join(REPO, p) for p in command.pythonpath]  # the page's PYTHONPATH=DIR, from the repository root
+    own.append(os.path.join(REPO, "tests", "stand_ins"))  # optional packages a page installs (unbabel-comet)
     sys.path[:0] = own
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

@@ -8,8 +8,8 @@ Name a class by import path, with this folder on PYTHONPATH:
 ``EmbeddingSimilarity`` is a small neural, source-aware cost that runs anywhere too (a
 template for your own encoder: set-up on a device, sources encoded once per batch,
 batched evaluation); ``FrozenModelNLL`` scores hypotheses with a fairseq checkpoint of
-your own (``SCORER_CHECKPOINT=scorer.pt``); ``Comet`` wraps a COMET model from the ``unbabel-comet`` package (``pip install unbabel-comet``; the
-model is downloaded on first use, so it is not run by the tests).
+your own (``SCORER_CHECKPOINT=scorer.pt``). COMET is a registered cost of the package,
+``--mrt-task-loss 'comet(model=Unbabel/wmt22-comet-da)'`` (docs/task_losses.md).
 """
 import os
 import zlib
@@ -119,36 +119,3 @@ class FrozenModelNLL(TaskLoss):
                 logits = self.model.decoder(inputs.unsqueeze(0), encoder_out=prepared[i])[0][0]
             out.append(-logits.float().log_softmax(-1).gather(-1, y.unsqueeze(-1)).sum())
         return torch.stack(out)
-
-
-class Comet(TaskLoss):
-    """1 - COMET (Rei et al., 2020; a source-aware neural metric), batched on the training device.
-
-    COMET scores a translation from its source, the hypothesis and the reference; higher is
-    better, so the cost is 1 - score. ``batch_size`` bounds the hypotheses per forward pass;
-    every call runs without gradients. Fine-tuning against a learned metric invites reward
-    hacking (outputs the metric likes that a reader does not): mix it with sBLEU
-    (``my_costs:Comet=1,sbleu=0.5``), keep the criteria's MLE term, and watch the lengths.
-    """
-
-    needs_reference = True
-    needs_source = True
-    input_kind = "text"
-    batch_size = 64
-    model_name = "Unbabel/wmt22-comet-da"
-
-    def __init__(self) -> None:
-        from comet import download_model, load_from_checkpoint
-
-        self.model = load_from_checkpoint(download_model(self.model_name))
-        self.gpus = 0
-
-    def setup(self, device: torch.device) -> None:
-        self.gpus = 1 if torch.device(device).type == "cuda" else 0
-        self.model.eval()
-
-    def batch_cost(self, hyps: List[str], refs: List[str], sources: Optional[List[str]] = None,
-                   prepared=None) -> List[float]:
-        data = [{"src": x, "mt": h, "ref": r} for h, r, x in zip(hyps, refs, sources)]
-        out = self.model.predict(data, batch_size=len(data), gpus=self.gpus, progress_bar=False)
-        return [1.0 - s for s in out.scores]

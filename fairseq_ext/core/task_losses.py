@@ -7,12 +7,16 @@ to a float32 CPU tensor of shape (B,) of per-sequence costs; lower is better.
 name     input     reference cost
 ======== ========= ========= ====================================================
 sbleu    text      yes       1 - sentence BLEU / 100 (sacrebleu, smoothed), [0, 1]
-chrf     text      yes       1 - sentence chrF / 100 (sacrebleu), [0, 1]
+chrf     text      yes       1 - sentence chrF / 100 (sacrebleu; options beta, word_order), [0, 1]
+comet    text      yes       1 - COMET (unbabel-comet; source-aware; options model, batch_size)
 edit     tokens    yes       min(1, Levenshtein(ŷ, y) / |y|), [0, 1]
 rep      tokens    no        1 - unique n-grams / n-grams of ŷ, [0, 1]
 nonterm  tokens    no        1 if ŷ contains no EOS else 0
 hamming  tokens    yes       Σ_{i<|y|} w(y_i) [ŷ_i != y_i], optionally normalized
 ======== ========= ========= ====================================================
+
+A cost's options go in parentheses after its name, ``chrf(beta=1)``,
+``comet(model=Unbabel/wmt22-comet-da,batch_size=32)`` (``split_options``).
 
 Your own cost: subclass ``TaskLoss`` in any importable module and name it on the
 command line by import path, ``--mgs-task-loss my_costs:QualityCost`` (also inside a
@@ -82,12 +86,47 @@ def task_loss_names() -> list[str]:
     return sorted(TASK_LOSSES)
 
 
+def _value(text: str):
+    """An option's value: an int, a float, true / false, or the text itself."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def split_options(name: str) -> tuple[str, dict]:
+    """``"chrf(beta=1)"`` -> ("chrf", {"beta": 1}); ``"comet(model=Unbabel/wmt22-comet-da,batch_size=16)"``
+    -> ("comet", {"model": "Unbabel/wmt22-comet-da", "batch_size": 16}); a name without
+    parentheses has no options. Values are ints, floats, true / false or text. Raises
+    ``ValueError`` for a malformed option list."""
+    name = name.strip()
+    if "(" not in name and ")" not in name:
+        return name, {}
+    base, _, rest = name.partition("(")
+    if not rest.endswith(")") or "(" in rest[:-1] or ")" in rest[:-1]:
+        raise ValueError(f"{name!r}: options go in one pair of parentheses, NAME(key=value,...)")
+    options = {}
+    for item in filter(None, (x.strip() for x in rest[:-1].split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ValueError(f"{name!r}: option {item!r} is not key=value")
+        options[key.strip()] = _value(value)
+    return base.strip(), options
+
+
 def task_loss_class(name: str) -> type["TaskLoss"]:
     """The cost class of ``name``: a registered name, or an import path ``module:Class``
-    (``module`` importable: installed, or on ``PYTHONPATH``). An import path is
+    (``module`` importable: installed, or on ``PYTHONPATH``), with options in parentheses
+    or without (``chrf(beta=1)``: see ``split_options``). An import path is
     registered under itself the first time it resolves. Raises ``ValueError`` saying
     what is wrong: an unknown name, a module that does not import, a missing
     attribute, or an object that is not a ``TaskLoss`` subclass."""
+    name = split_options(name)[0]
     if name in TASK_LOSSES:
         return TASK_LOSSES[name]
     module_name, sep, attr = name.partition(":")
@@ -115,18 +154,37 @@ def task_loss_class(name: str) -> type["TaskLoss"]:
     return cls
 
 
+def _top_level_items(spec: str) -> list[str]:
+    """``spec`` split at the commas outside parentheses."""
+    items, depth, current = [], 0, ""
+    for ch in spec:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    return items + [current]
+
+
 def parse_task_loss_spec(spec: str) -> dict[str, float]:
     """``"sbleu"`` -> {"sbleu": 1.0}; ``"edit=1,rep=0.5"`` -> {"edit": 1.0, "rep": 0.5}; a name may
-    be the import path of the user's own cost, ``"my_costs:QualityCost=1,sbleu=0.5"``.
-    Raises ``ValueError`` saying what is wrong (see ``task_loss_class``)."""
+    be the import path of the user's own cost, ``"my_costs:QualityCost=1,sbleu=0.5"``, and may
+    carry options, ``"chrf(beta=1)=1,comet(model=Unbabel/wmt22-comet-da)=0.5"`` (the keys of
+    the result are the names as written, options included). Raises ``ValueError`` saying what
+    is wrong (see ``task_loss_class``; an option the cost does not take)."""
     out: dict[str, float] = {}
-    for item in (spec or "").split(","):
+    for item in _top_level_items(spec or ""):
         item = item.strip()
         if not item:
             raise ValueError(f"{spec!r} has an empty item")
-        name, sep, weight = item.partition("=")
-        name = name.strip()
-        task_loss_class(name)
+        closed = item.rfind(")") + 1  # a weight follows the options: chrf(beta=1)=0.5
+        head, sep, weight = item[closed:].partition("=")
+        name = (item[:closed] + head).strip()
+        base, options = split_options(name)
+        missing = check_options(base, options).unavailable()
+        if missing:
+            raise ValueError(f"{base!r}: {missing}")
         try:
             w = float(weight) if sep else 1.0
         except ValueError:
@@ -178,16 +236,34 @@ def _check_kinds(name: str, cls: type) -> None:
                              f"got {cls.device!r}") from None
 
 
-def build_task_loss(name: str, **options) -> "TaskLoss":
-    """Instantiate the task loss ``name`` (registered, or ``module:Class``) with keyword ``options``."""
+def check_options(name: str, options: dict) -> type["TaskLoss"]:
+    """The class of ``name`` (without options), if it takes the keyword ``options``; else
+    ``ValueError`` naming its options."""
     cls = task_loss_class(name)
+    signature = inspect.signature(cls)
+    try:
+        signature.bind_partial(**options)
+    except TypeError as err:
+        valid = [p for p in signature.parameters if p not in ("args", "kwargs")]
+        raise ValueError(
+            f"task loss {name!r}: {err}; its options are: {', '.join(valid) or '(none)'}"
+        ) from None
+    return cls
+
+
+def build_task_loss(name: str, **options) -> "TaskLoss":
+    """Instantiate the task loss ``name`` (registered, or ``module:Class``; options in
+    parentheses allowed, ``chrf(beta=1)``) with its options and the keyword ``options``."""
+    base, written = split_options(name)
+    options = {**written, **options}
+    cls = check_options(base, options)
     signature = inspect.signature(cls)
     try:
         signature.bind(**options)
     except TypeError as err:
         valid = [p for p in signature.parameters if p not in ("args", "kwargs")]
         raise ValueError(
-            f"task loss {name!r}: {err}; its options are: {', '.join(valid) or '(none)'}"
+            f"task loss {base!r}: {err}; its options are: {', '.join(valid) or '(none)'}"
         ) from None
     return cls(**options)
 
@@ -221,6 +297,12 @@ class TaskLoss:
 
     def setup(self, device: torch.device) -> None:
         """Called once, before the first evaluation, with the training device (or ``device``)."""
+
+    @classmethod
+    def unavailable(cls) -> Optional[str]:
+        """Why this cost cannot be built here (a package it needs is missing), or None; checked
+        when a ``--*-task-loss`` option is parsed, before any work."""
+        return None
 
     def prepare(self, refs: Optional[list], sources: Optional[list]) -> Optional[Sequence]:
         """What depends only on the batch's references and sources: None, or one item per input."""
@@ -340,18 +422,75 @@ class SentenceBleuCost(TaskLoss):
 
 @register_task_loss("chrf")
 class ChrfCost(TaskLoss):
-    """1 - chrF / 100, sacrebleu's sentence chrF (character 6-grams, beta 2)."""
+    """1 - chrF / 100, sacrebleu's sentence chrF (character 6-grams; ``beta`` weights recall
+    beta times as much as precision: 2, sacrebleu's default, rewards long hypotheses; 1
+    weights both alike; ``word_order`` 2 is chrF++)."""
 
     needs_reference = True
     input_kind = "text"
 
-    def __init__(self) -> None:
+    def __init__(self, beta: float = 2, word_order: int = 0) -> None:
         from sacrebleu.metrics import CHRF
 
-        self.chrf = CHRF()
+        if not beta > 0:
+            raise ValueError(f"chrf: beta must be > 0, got {beta}")
+        self.chrf = CHRF(beta=beta, word_order=word_order)
 
     def sentence_cost(self, hyp: str, ref: str) -> float:
         return _clamp01(1.0 - self.chrf.sentence_score(hyp, [ref]).score / 100.0)
+
+
+@register_task_loss("comet")
+class CometCost(TaskLoss):
+    """1 - COMET (Rei et al., 2020), a learned metric that reads the source, the hypothesis
+    and the reference, from the ``unbabel-comet`` package (``pip install unbabel-comet``);
+    batched on the training device, without gradients.
+
+    model: a model of COMET's hub (downloaded by ``comet.download_model`` on first use and
+        cached there) or the path of a local checkpoint (``.ckpt``), which loads offline.
+    batch_size: hypotheses per forward pass.
+
+    COMET's scores are near [0, 1] (higher is better), so the cost is 1 - score. Trained
+    against, a learned metric invites reward hacking (outputs it likes that a reader does
+    not): mix it with sBLEU (``comet=1,sbleu=0.5``), keep the criteria's MLE term and
+    watch ``len_ratio`` / ``rep4``."""
+
+    needs_reference = True
+    needs_source = True
+    input_kind = "text"
+    batch_size = 64
+
+    @classmethod
+    def unavailable(cls) -> Optional[str]:
+        import importlib.util
+
+        if importlib.util.find_spec("comet") is None:
+            return "the unbabel-comet package is not installed (pip install unbabel-comet)"
+        return None
+
+    def __init__(self, model: str = "Unbabel/wmt22-comet-da", batch_size: int = 64) -> None:
+        import os
+
+        import comet
+
+        if not (isinstance(batch_size, int) and batch_size >= 1):
+            raise ValueError(f"comet: batch_size must be a positive int, got {batch_size!r}")
+        self.model_name = str(model)
+        path = self.model_name if os.path.isfile(self.model_name) else comet.download_model(self.model_name)
+        self.model = comet.load_from_checkpoint(path)
+        self.batch_size = batch_size
+        self.devices: Optional[list] = None  # None: COMET's predict on the CPU
+
+    def setup(self, device: torch.device) -> None:
+        device = torch.device(device)
+        self.devices = [device.index or 0] if device.type == "cuda" else None
+        self.model.eval()
+
+    def batch_cost(self, hyps: list, refs: list, sources: Optional[list] = None, prepared=None) -> torch.Tensor:
+        data = [{"src": x, "mt": h, "ref": r} for h, r, x in zip(hyps, refs, sources)]
+        gpus = {"gpus": 1, "devices": self.devices} if self.devices is not None else {"gpus": 0}
+        out = self.model.predict(data, batch_size=len(data), progress_bar=False, **gpus)
+        return 1.0 - torch.tensor([float(x) for x in out.scores], dtype=torch.float32)
 
 
 @register_task_loss("edit")

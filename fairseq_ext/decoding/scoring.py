@@ -16,8 +16,8 @@ from fairseq import utils
 from torch import Tensor
 
 from fairseq_ext.runtime.cli import ConfigError
-from fairseq_ext.core.task_losses import (TASK_LOSS_SPEC, parse_task_loss_spec, task_loss_class, task_loss_names,
-                                          unique_ngram_share)
+from fairseq_ext.core.task_losses import (TASK_LOSS_SPEC, parse_task_loss_spec, split_options, task_loss_class,
+                                          task_loss_names, unique_ngram_share)
 from fairseq_ext.runtime.distributed import unwrap
 from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates, decode_grouped, decode_with_greedy
 from fairseq_ext.decoding.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process, text_tools
@@ -84,14 +84,20 @@ class BatchScorer:
         self.costs: Dict[str, SequenceCost] = {}
         self._cache = None
         self.seconds = 0.0  # time spent computing costs, since the caller last reset it
+        # the lm cost (options allowed: lm(normalize=true)) is built with its scorer
+        self.lm_name = next((name for name in self.weights if split_options(name)[0] == "lm"), None)
         for name in self.weights:
-            if name == "lm":
+            if name == self.lm_name:
                 continue  # built lazily: needs the scorer
-            self.costs[name] = SequenceCost(name, self.dictionary, post_process=self.post_process,
-                                            source_dictionary=source_dictionary,
-                                            source_post_process=source_post_process)
-        if "lm" in self.weights and score_model is not None:
-            self.costs["lm"] = SequenceCost("lm", self.dictionary, scorer=LMScorerCost.from_checkpoint(score_model).scorer)
+            try:
+                self.costs[name] = SequenceCost(name, self.dictionary, post_process=self.post_process,
+                                                source_dictionary=source_dictionary,
+                                                source_post_process=source_post_process)
+            except ValueError as err:  # a cost that cannot be built (a missing package, a bad option value)
+                raise ConfigError(f"--{criterion}-task-loss {name}: {err}") from None
+        if self.lm_name is not None and score_model is not None:
+            self.costs[self.lm_name] = SequenceCost(self.lm_name, self.dictionary,
+                                                    scorer=LMScorerCost.from_checkpoint(score_model).scorer)
 
     def configure_text(self, cfg, task) -> None:
         """Text costs see the data's text as its metric does: fairseq's ``--bpe`` and
@@ -117,9 +123,9 @@ class BatchScorer:
 
     def ensure_lm_scorer(self, model) -> None:
         """Freeze a copy of ``model`` as the ``lm`` scorer, once (when no checkpoint was given)."""
-        if "lm" in self.weights and "lm" not in self.costs:
+        if self.lm_name is not None and self.lm_name not in self.costs:
             scorer = copy.deepcopy(unwrap(model))
-            self.costs["lm"] = SequenceCost("lm", self.dictionary, scorer=scorer)
+            self.costs[self.lm_name] = SequenceCost(self.lm_name, self.dictionary, scorer=scorer)
             self._cache = None
 
     @staticmethod

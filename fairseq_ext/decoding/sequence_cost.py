@@ -26,7 +26,7 @@ from fairseq.data import data_utils
 from torch import Tensor
 
 from fairseq_ext.runtime.cli import ConfigError
-from fairseq_ext.core.task_losses import SUBWORD_MARKS, TaskLoss, build_task_loss, detect_subword_scheme
+from fairseq_ext.core.task_losses import SUBWORD_MARKS, TaskLoss, build_task_loss, detect_subword_scheme, split_options
 from fairseq_ext.core.task_losses import register_task_loss
 from fairseq_ext.decoding.candidates import sequence_log_probs
 
@@ -197,10 +197,10 @@ class SequenceCost:
 
     def __init__(self, name: str, dictionary, post_process: Optional[str] = None, tokenizer=None,
                  source_dictionary=None, source_post_process: Optional[str] = None, **options):
-        if name == "nonterm":
+        self.name = split_options(name)[0]  # without its options: chrf(beta=1) is a chrf
+        if self.name == "nonterm":
             options.setdefault("eos", dictionary[dictionary.eos()])
         self.loss = build_task_loss(name, **options)
-        self.name = name
         self.target = _Side(dictionary, post_process, tokenizer)
         self.source = _Side(source_dictionary or dictionary,
                             source_post_process if source_dictionary is not None else post_process, tokenizer)
