@@ -1,4 +1,6 @@
 """Tests for fairseq_ext.core.task_losses: ranges, identities, hand-computed values, errors."""
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -226,3 +228,26 @@ def test_detect_subword_scheme_share_and_threshold():
     # both marks: the more frequent one wins
     assert detect_subword_scheme([SP + "a", SP + "b", "c@@", "d"]) == ("sentencepiece", 0.5)
     assert detect_subword_scheme([SP + "a", "b@@", "c@@", "d"]) == ("subword_nmt", 0.5)
+
+
+def test_options_in_parentheses():
+    """A cost's options after its name: values typed, a weight after them, commas inside
+    the parentheses kept, bad option lists refused naming the cost's options."""
+    from fairseq_ext.core.task_losses import parse_task_loss_spec, split_options
+
+    assert split_options("comet(model=Unbabel/wmt22-comet-da,batch_size=16)") == (
+        "comet", {"model": "Unbabel/wmt22-comet-da", "batch_size": 16})
+    assert split_options("chrf(beta=0.5,word_order=2)") == ("chrf", {"beta": 0.5, "word_order": 2})
+    assert split_options("rep") == ("rep", {})
+    assert parse_task_loss_spec("chrf(beta=1,word_order=2)=0.5,rep(n=3)") == {"chrf(beta=1,word_order=2)": 0.5,
+                                                                              "rep(n=3)": 1.0}
+    for bad, message in [("chrf(gamma=1)", "its options are: beta, word_order"), ("chrf(beta)", "is not key=value"),
+                         ("chrf(beta=1", "one pair of parentheses"), ("edit(n=1)", "its options are: (none)")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            parse_task_loss_spec(bad)
+    # chrF with beta 1 weights precision and recall alike: a hypothesis that repeats the
+    # reference twice has full recall and half the precision (F1 below F2)
+    hyp, ref = "the cat sat the cat sat", "the cat sat"
+    f2 = 1 - float(build_task_loss("chrf")([hyp], [ref])[0])
+    f1 = 1 - float(build_task_loss("chrf(beta=1)")([hyp], [ref])[0])
+    assert f1 < f2 and f2 > 0.5
