@@ -135,8 +135,8 @@ def test_options_shows_default_rule_and_help(capsys):
     options.main(["mgs", "tagging_lstm_ner"])
     out = capsys.readouterr().out
     assert "--criterion mgs  [fairseq_ext.criterions.mgs]" in out
-    assert ("    --mgs-alpha  (default: 1.0; must be > 0)\n"
-            "        alpha, temperature of the candidate weights (eq. 2)") in out
+    assert ("    --mgs-alpha  (default: None; must be > 0)\n"
+            "        alpha, temperature of the candidate weights (eq. 2); default: 100 where candidates answer") in out
     assert "    --mgs-mixture  (default: 0.5; must be in [0, 1])\n" in out
     assert "    --mgs-candidates  (default: 4; must be >= 1)\n" in out  # the core's rule (ProposalConfig)
     assert "    --mgs-decoder {greedy,sample,beam}  (default: greedy)\n" in out

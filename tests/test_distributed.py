@@ -72,8 +72,10 @@ CRITERIA = {
     "mrt": ["--criterion", "mrt", "--mrt-decoder", "beam", "--mrt-candidates", "2", "--mrt-task-loss", "edit",
             "--mrt-include-reference", "--mrt-alpha", "1"],
     "pg": ["--criterion", "pg", "--pg-samples", "2", "--pg-task-loss", "edit", "--pg-baseline", "moving"],
+    # soft-argmax: deterministic (soft-sample, the default, draws other noise on 1 and 2 workers)
     "differentiable_scheduled_sampling": ["--criterion", "differentiable_scheduled_sampling", "--dss-schedule",
-                                          "always", "--dss-warmup", "0", "--dss-schedule-unit", "update"],
+                                          "always", "--dss-warmup", "0", "--dss-schedule-unit", "update",
+                                          "--dss-mode", "soft-argmax"],
     "soft_beam_direct_loss": ["--criterion", "soft_beam_direct_loss"] + SB,
     "soft_beam_hinge": ["--criterion", "soft_beam_hinge"] + SB,
     "self_normalized_ce": ["--criterion", "self_normalized_ce"],

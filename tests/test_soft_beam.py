@@ -622,8 +622,10 @@ def test_fairseq_generate_translation_search(toy_bin, tmp_path):
     assert_shards_make_one_run(base + ["--beam", "3", "--search-algorithm", "soft", "--search-alpha", "1"])
     with pytest.raises(AssertionError, match="--search-alpha must be > 0"):
         run_cli(base + ["--search-algorithm", "soft", "--search-alpha", "0"])
-    with pytest.raises(AssertionError, match="--sampling needs --search-algorithm fairseq"):
-        run_cli(base + ["--search-algorithm", "hard", "--sampling", "--beam", "1"])
+    with pytest.raises(AssertionError, match="--sampling needs --search-algorithm fairseq or hard"):
+        run_cli(base + ["--search-algorithm", "soft", "--sampling", "--beam", "1"])
+    sampled = run_cli(base + ["--sampling", "--beam", "1", "--seed", "1"])  # the default hard: fairseq's sampler
+    assert "--sampling: fairseq's sampling generator" in sampled.stderr + sampled.stdout
 
 
 # ----------------------------------------------------------------- through fairseq-train
@@ -669,7 +671,8 @@ def test_decoding_defaults_to_the_checkpoints_normalization(toy_bin, tmp_path):
         ("default", ["--search-algorithm", "hard"]),
         ("global", ["--search-algorithm", "hard", "--search-normalization", "global"]),
         ("local", ["--search-algorithm", "hard", "--search-normalization", "local"]),
-        ("fairseq", []))}
+        ("fairseq", ["--search-algorithm", "fairseq"]),
+        ("unset", []))}
     scores = {name: [l.split("\t")[1] for l in proc.stdout.splitlines() if l.startswith("H-")]
               for name, proc in runs.items()}
     assert len(scores["default"]) == 40
@@ -677,6 +680,7 @@ def test_decoding_defaults_to_the_checkpoints_normalization(toy_bin, tmp_path):
     assert "trained with --soft-beam-normalization global" in runs["local"].stderr + runs["local"].stdout
     assert "renormalises" in runs["fairseq"].stderr + runs["fairseq"].stdout
     assert "trained with" not in runs["default"].stderr + runs["default"].stdout
+    assert scores["unset"] == scores["default"]  # --search-algorithm hard is the default
 
 
 def test_bad_length_options_are_refused(translators):

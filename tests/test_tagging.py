@@ -187,7 +187,7 @@ def _eos_bias_hook(model, bias):
 def test_output_length_equals_input_length(conll, cache, eos_bias):
     """Greedy, beam 3 and sampling (fairseq's SequenceGenerator and our decoder)
     output one label per word, even when the scores push EOS up or down."""
-    task, model = build(conll, cache)
+    task, model = build(conll, cache, "--search-algorithm", "fairseq")
     sample = batch(task, n=31)
     src_len = sample["net_input"]["src_lengths"].tolist()  # words + EOS
     handle = _eos_bias_hook(model, eos_bias)
@@ -226,8 +226,9 @@ def test_beam_wider_than_label_set_is_refused(conll, cache):
 
 
 def test_without_forced_length_lengths_differ(conll, cache):
-    """The same check fails for a model without the mask (EOS pushed up)."""
-    task, model = build(conll, cache, "--decoder-no-forced-length")
+    """The same check fails for a model without the mask (EOS pushed up; fairseq's
+    SequenceGenerator, whose length the mask alone fixes)."""
+    task, model = build(conll, cache, "--decoder-no-forced-length", "--search-algorithm", "fairseq")
     sample = batch(task, n=31)
     handle = _eos_bias_hook(model, 20.0)
     try:

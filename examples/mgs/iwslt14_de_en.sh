@@ -112,7 +112,7 @@ RISK=(--max-tokens 16000 --update-freq "$(update_freq 4)")  # MRT / PG losses ar
 if stage mgs_sbleu; then finetune mgs_sbleu "${MGS[@]}" --mgs-task-loss sbleu; stage_done mgs_sbleu; fi
 if stage mgs_edit; then finetune mgs_edit "${MGS[@]}" --mgs-task-loss edit; stage_done mgs_edit; fi
 if stage mrt; then
-  finetune mrt "${RISK[@]}" --criterion mrt --mrt-task-loss sbleu --mrt-candidates 4
+  finetune mrt "${RISK[@]}" --criterion mrt --mrt-task-loss sbleu
   stage_done mrt
 fi
 if stage pg; then
@@ -145,6 +145,8 @@ if stage dss; then
   stage_done dss
 fi
 if stage soft_beam; then
+  # local scores from the CE model, not the defaults' recommended MT route (self_normalized_ce, then
+  # --soft-beam-normalization global): the thesis's chapter-4 configuration, which this stage repeats.
   # chapter 4: fine-tune the CE model through the relaxed beam (k = 3), alpha annealed 1 -> 100, at
   # lr 1e-4: the relaxed loss is linear only within about 1e-4 of the parameters, and at 1e-3 the
   # direct loss wrecked a Multi30k model (examples/soft_beam/README.md)

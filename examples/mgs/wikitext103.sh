@@ -21,7 +21,7 @@
 #   ebm_unit   energies trained with residual NCE (section 4.1): UniT from the base LM,
 #   ebm_bit    BiT-base (RoBERTa-base shape) from scratch (the paper's BIT-BASE, no *)
 #   ebm_eval   perplexity range on the test prefixes (log Z bounds, Theorem 2) and joint
-#              samples of the valid prefixes (Algorithm 1, top-k 10)
+#              samples of the valid prefixes (Algorithm 1, untruncated)
 #
 # usage: examples/mgs/wikitext103.sh WORK_DIR [--stage NAME]... [--from NAME]
 #                                               [--to NAME] [--force] [--dry-run] [--list]
@@ -179,7 +179,7 @@ if stage ebm_eval; then
       --path "$WORK/ebm_$v/checkpoint_best.pt" --gen-subset test --num-samples "$EVAL_SAMPLES" --batch-size 8 \
       --max-prefixes "$EVAL_PREFIXES" --seed 1 --json "$WORK/gen/ebm_$v.json"
     run_log "$WORK/gen/ebm_$v.samples" fairseq-generate "$EBM_DATA" "${T[@]}" "${GEN_DEVICE[@]}" \
-      --path "$WORK/ebm_$v/checkpoint_best.pt" --gen-subset valid --residual-joint-samples 16 --residual-joint-topk 10 --nbest 1 \
+      --path "$WORK/ebm_$v/checkpoint_best.pt" --gen-subset valid --residual-joint-samples 16 --nbest 1 \
       --batch-size 8 --seed 1
   done
   [ "$DRY_RUN" = 1 ] || tail -n 3 "$WORK"/gen/ebm_*.eval

@@ -109,8 +109,8 @@ done
   | tee "$WORK/table.md"
 read -r seed _ <<< "$SEEDS"
 read -r variant _ <<< "$VARIANTS"
-log "joint samples ($variant seed $seed, n = 16, top-k 10) of the valid prefixes"
+log "joint samples ($variant seed $seed, n = 16, untruncated base-LM samples) of the valid prefixes"
 fairseq-generate "$DATA" "${T[@]}" --path "$WORK/$variant.s$seed/checkpoint_best.pt" --gen-subset valid \
-  --residual-num-negatives "$NUM_NEG" --residual-joint-samples 16 --residual-joint-topk 10 --nbest 1 --batch-size 8 --seed 1 \
+  --residual-num-negatives "$NUM_NEG" --residual-joint-samples 16 --nbest 1 --batch-size 8 --seed 1 \
   2> "$WORK/generate.err" | grep -E "^(S|T|H)-" | head -24 > "$WORK/generate.txt" || true
 log "done: $WORK"

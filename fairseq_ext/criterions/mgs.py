@@ -45,12 +45,21 @@ from fairseq_ext.runtime.validation import check_options
 from fairseq_ext.decoding.candidates import (CUDA_GRAPHS, CUDA_GRAPHS_HELP, STRATEGIES, DecodeConfig, ParameterSets,
                                              grouped_reason)
 from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
+from fairseq_ext.tasks.text_completion import TextCompletionTask
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
 from fairseq_ext.decoding.scoring import (TASK_LOSS_HELP, BatchScorer, check_candidate_model, log_cost_seconds,
                                           log_output_shape)
 
 logger = logging.getLogger(__name__)
 EVALUATIONS = ("batched", "sequential")
+
+
+def default_alpha(task) -> float:
+    """``--mgs-alpha``'s default: 1 for text completion (LM costs are NLLs in nats, whose
+    differences are of order one; the paper's A.4), 100 elsewhere (translation: sBLEU or edit
+    costs differ by about 0.01 between candidates, and at alpha 1 the weights are uniform;
+    the paper's grid-searched MT value)."""
+    return 1.0 if isinstance(task, TextCompletionTask) else 100.0
 
 
 @dataclass
@@ -79,8 +88,11 @@ class MGSConfig(FairseqDataclass):
         metadata={"help": "density for log q: unit variance (published code), exact sigmas, or none (reward-weighted)",
                   "parameter": (ProposalConfig, "importance")},
     )
-    mgs_alpha: float = field(default=1.0, metadata={"help": "alpha, temperature of the candidate weights (eq. 2)",
-                                                    "constraint": above(0)})
+    mgs_alpha: Optional[float] = field(
+        default=None, metadata={"help": "alpha, temperature of the candidate weights (eq. 2); default: 100 where "
+                                        "candidates answer a source sentence (translation), 1 for text completion, "
+                                        "the paper's values and the measured ones (docs/mgs.md)",
+                                "constraint": above(0)})
     mgs_task_loss: str = field(
         default="sbleu", metadata={"help": TASK_LOSS_HELP.format(what="task loss C"), "constraint": TASK_LOSS_SPEC}
     )
@@ -119,7 +131,7 @@ class MGSConfig(FairseqDataclass):
 @register_criterion("mgs", dataclass=MGSConfig)
 class MGSCriterion(FairseqCriterion):
     def __init__(self, task, mgs_candidates=4, mgs_mixture=0.5, mgs_alternate=False, mgs_proposal="mixture",
-                 mgs_noise=1.0, mgs_noise_scale="per_tensor", mgs_importance="unit", mgs_alpha=1.0,
+                 mgs_noise=1.0, mgs_noise_scale="per_tensor", mgs_importance="unit", mgs_alpha=None,
                  mgs_task_loss="sbleu", mgs_decoder="greedy", mgs_beam=4, mgs_max_len_ratio=1.3, mgs_mle_clip=1.0,
                  mgs_direction_clip=1.0, mgs_score_model=None, mgs_post_process="auto",
                  mgs_candidate_evaluation="batched", mgs_cuda_graphs="auto", seed=1):
@@ -132,6 +144,9 @@ class MGSCriterion(FairseqCriterion):
             num_candidates=mgs_candidates, mixture=mgs_mixture, alternate=mgs_alternate, proposal=str(mgs_proposal),
             noise=mgs_noise, noise_scale=str(mgs_noise_scale), importance=str(mgs_importance),
         )
+        if mgs_alpha is None:  # the recommended value for the task: costs of order 1 (LM NLLs) or 0.01 (sBLEU)
+            mgs_alpha = default_alpha(task)
+            logger.info(f"mgs: --mgs-alpha {mgs_alpha:g} (the default for {type(task).__name__})")
         self.alpha = mgs_alpha
         self.mle_clip = mgs_mle_clip
         self.direction_clip = mgs_direction_clip

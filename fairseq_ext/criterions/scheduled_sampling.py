@@ -42,9 +42,10 @@ from fairseq_ext.runtime.validation import as_options, check_options
 @dataclass
 class DSSConfig(FairseqDataclass):
     dss_mode: ChoiceEnum(DECISION_MODES) = field(
-        default="soft-argmax",
+        default="soft-sample",
         metadata={"help": "what a model-fed position receives: soft-argmax / soft-sample (the relaxations) or "
-                          "hard-argmax / hard-sample (plain scheduled sampling, the baseline)"},
+                          "hard-argmax / hard-sample (plain scheduled sampling, the baseline); the default is the "
+                          "measured best (docs/dss.md), the thesis's chapter 3 uses soft-argmax"},
     )
     dss_schedule: ChoiceEnum(EPS_SCHEDULES) = field(
         default="inverse_sigmoid",
@@ -60,7 +61,8 @@ class DSSConfig(FairseqDataclass):
                                "constraint": at_least(0)}
     )
     dss_decay_k: float = field(
-        default=10.0, metadata={"help": "k: inverse sigmoid strength (>= 1, larger = gentler) or exponential base",
+        default=100.0, metadata={"help": "k: inverse sigmoid strength (>= 1, larger = gentler; the default is the "
+                                         "measured best, the thesis's chapter 3 uses 10) or exponential base",
                                 "parameter": (check_eps_schedule, "k")}
     )
     dss_decay_slope: float = field(default=0.1, metadata={"help": "slope of the linear schedule",
@@ -94,8 +96,8 @@ class DSSConfig(FairseqDataclass):
 class DSSCriterion(FairseqCriterion):
     lean = True  # the static-cache step where it covers the decoder (False: fairseq's incremental path)
 
-    def __init__(self, task, dss_mode="soft-argmax", dss_schedule="inverse_sigmoid", dss_schedule_unit="epoch",
-                 dss_warmup=1.0, dss_decay_k=10.0, dss_decay_slope=0.1, dss_min_eps=0.0, dss_alpha=1.0,
+    def __init__(self, task, dss_mode="soft-sample", dss_schedule="inverse_sigmoid", dss_schedule_unit="epoch",
+                 dss_warmup=1.0, dss_decay_k=100.0, dss_decay_slope=0.1, dss_min_eps=0.0, dss_alpha=1.0,
                  dss_alpha_growth=1.0, dss_alpha_max=1e4, dss_passes=0, dss_compile="off", label_smoothing=0.0,
                  sentence_avg=False):
         super().__init__(task)

@@ -68,10 +68,12 @@ class SoftBeamConfig(FairseqDataclass):
     soft_beam_alpha: float = field(default=1.0, metadata={"help": "alpha_0 of the peaked softmax", "constraint": above(0),
                                                           "parameter": (interpolated, "value0")})
     soft_beam_alpha_schedule: ChoiceEnum(ALPHA_SCHEDULES) = field(
-        default="fixed", metadata={"help": "alpha fixed, or growing linearly / geometrically to --soft-beam-alpha-final",
+        default="exponential", metadata={"help": "alpha fixed, or growing linearly / geometrically to "
+                                                 "--soft-beam-alpha-final (the default: geometrically to 100, the "
+                                                 "recommended setting, docs/soft_beam.md; the thesis fixes alpha)",
                                    "parameter": (interpolated, "schedule")}
     )
-    soft_beam_alpha_final: float = field(default=1.0, metadata={"help": "alpha_1, reached after --soft-beam-alpha-updates",
+    soft_beam_alpha_final: float = field(default=100.0, metadata={"help": "alpha_1, reached after --soft-beam-alpha-updates",
                                                                 "parameter": (interpolated, "value1")})
     soft_beam_alpha_updates: int = field(default=1000, metadata={"help": "N, updates to go from alpha_0 to alpha_1",
                                                                  "parameter": (interpolated, "horizon")})
@@ -100,8 +102,8 @@ class _SoftBeamCriterion(FairseqCriterion):
     lean = True  # the static-cache step where it covers the decoder (False: fairseq's incremental path)
     hinge = False
 
-    def __init__(self, task, soft_beam_size=3, soft_beam_alpha=1.0, soft_beam_alpha_schedule="fixed",
-                 soft_beam_alpha_final=1.0, soft_beam_alpha_updates=1000, soft_beam_normalization="local",
+    def __init__(self, task, soft_beam_size=3, soft_beam_alpha=1.0, soft_beam_alpha_schedule="exponential",
+                 soft_beam_alpha_final=100.0, soft_beam_alpha_updates=1000, soft_beam_normalization="local",
                  soft_beam_hamming_weights="",
                  soft_beam_extra_len=2, soft_beam_dropout="none", soft_beam_compile="off"):
         super().__init__(task)

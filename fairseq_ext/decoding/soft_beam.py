@@ -421,10 +421,11 @@ class BeamSearchConfig(FairseqDataclass):
     it (``sequence_tagging``, ``translation_search``); ``--beam`` sets k."""
 
     search_algorithm: ChoiceEnum(["fairseq", "hard", "soft"]) = field(
-        default="fairseq",
-        metadata={"help": "fairseq-generate's search: fairseq's SequenceGenerator (--beam, renormalised scores, "
-                          "length penalty), hard beam search ranking by the sum of --search-normalization scores, "
-                          "or soft beam decoding (thesis 4.3.4) with --search-alpha",
+        default="hard",
+        metadata={"help": "fairseq-generate's search: hard beam search ranking by the sum of --search-normalization "
+                          "scores (the default: the checkpoint's own normalisation, the measured best), fairseq's "
+                          "SequenceGenerator (--beam, renormalised scores, length penalty), or soft beam decoding "
+                          "(thesis 4.3.4) with --search-alpha",
                   "deprecated": ("--tagging-search", "--translation-search")})
     search_normalization: ChoiceEnum(["checkpoint", *NORMALIZATIONS]) = field(
         default="checkpoint", metadata={"help": "scores of the hard / soft search: the --soft-beam-normalization the "
@@ -458,6 +459,12 @@ def build_beam_generator(task, models, tgt_dict, args, cfg: BeamSearchConfig, se
     different one, asked for, or fairseq's (renormalising) search for a globally
     trained checkpoint, gets a warning."""
     search = str(cfg.search_algorithm) if search is None else search
+    if getattr(args, "sampling", False):  # the beam searches do not sample: fairseq's sampling generator
+        if search == "soft":
+            raise ConfigError(f"--sampling needs {option} fairseq or hard (soft beam decoding does not sample)")
+        if search == "hard":
+            logger.info(f"--sampling: fairseq's sampling generator ({option} hard applies to beam search)")
+        search = "fairseq"
     trained = trained_normalization(task)
     asked = str(cfg.search_normalization)
     normalization = asked if asked != "checkpoint" else (trained or "local")
@@ -469,8 +476,6 @@ def build_beam_generator(task, models, tgt_dict, args, cfg: BeamSearchConfig, se
     if trained is not None and asked != "checkpoint" and asked != trained:
         logger.warning(f"--search-normalization {asked}, but this checkpoint was trained with "
                        f"--soft-beam-normalization {trained}")
-    if getattr(args, "sampling", False):
-        raise ConfigError(f"--sampling needs {option} fairseq")
     return BeamGenerator(models, tgt_dict, getattr(args, "beam", 5), cfg.search_alpha, normalization,
                          soft=search == "soft", **kwargs)
 

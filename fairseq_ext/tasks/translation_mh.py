@@ -4,7 +4,7 @@ Metropolis-Hastings sampler of the thesis's chapter 6
 (``fairseq_ext/generators/mh_sampler.py``, kernels in ``fairseq_ext/core/mcmc.py``).
 
     fairseq-generate DATA --user-dir "$(fairseq-ext-dir)" --task translation_mh --path cmlm.pt \\
-        --mh-energy raw --mh-chains 5 --mh-stats-file stats.jsonl
+        --mh-preset translate --mh-stats-file stats.jsonl
 
 Options are documented in docs/mh_sampler.md.
 """
@@ -20,6 +20,15 @@ from fairseq_ext.core import mcmc
 from fairseq_ext.generators.mh_sampler import INITS, OUTPUTS, MHSampler
 from fairseq_ext.runtime.validation import as_options, check_options
 from fairseq_ext.tasks.batching import TaskBatching
+
+
+# --mh-preset: option values over the defaults; "translate" passed Mask-Predict on two CMLMs
+# (docs/mh_sampler.md, Recommended settings), "sample" keeps the exact sampler's defaults
+PRESETS = {
+    "sample": {},
+    "translate": {"mh_energy": "raw", "mh_proposal_temperature": 0.8, "mh_accept_all_epochs": 2,
+                  "mh_anneal_floor_at": 0.6, "mh_output": "best", "mh_chains": 5},
+}
 
 
 @dataclass
@@ -84,6 +93,13 @@ class TranslationMHConfig(TranslationLevenshteinConfig):
     mh_max_rows: int = field(default=4096, metadata={"help": "decoder rows per forward pass (memory bound; "
                                                              "0: all single-masked copies at once)",
                                                      "parameter": (mcmc.MHConfig, "max_rows")})
+    mh_preset: ChoiceEnum(list(PRESETS)) = field(
+        default="sample", metadata={"help": "sample: the options' defaults, an exact sampler of exp(-E) (the "
+                                            "thesis's); translate: one output per sentence for BLEU, the measured "
+                                            "best (" + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in
+                                                                  PRESETS["translate"].items())
+                                            + "); an option given explicitly with another value than its "
+                                              "default keeps that value"})
     mh_stats_file: Optional[str] = field(default=None, metadata={"help": "write per-sentence chain statistics "
                                                                         "(JSON lines) here"})
     mh_history: bool = field(default=False, metadata={"help": "also store every chain's state after each "
@@ -91,6 +107,14 @@ class TranslationMHConfig(TranslationLevenshteinConfig):
     seed: int = II("common.seed")
     num_shards: int = II("dataset.num_shards")  # fairseq-generate --num-shards (tasks/batching.py)
     shard_id: int = II("dataset.shard_id")
+
+
+def apply_preset(cfg) -> None:
+    """Set the options of ``cfg.mh_preset`` that still have their default value (in place)."""
+    defaults = TranslationMHConfig()
+    for name, value in PRESETS[str(getattr(cfg, "mh_preset", "sample"))].items():
+        if str(getattr(cfg, name)) == str(getattr(defaults, name)):
+            setattr(cfg, name, value)
 
 
 @register_task("translation_mh", dataclass=TranslationMHConfig)
@@ -101,6 +125,7 @@ class TranslationMHTask(TaskBatching, TranslationLevenshteinTask):
 
     def __init__(self, cfg: TranslationMHConfig, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
+        apply_preset(cfg)
         check_options(TranslationMHConfig, cfg)
         with as_options(TranslationMHConfig):
             self.mh_config().check()
