@@ -46,11 +46,10 @@ def raw_corpus(out, n=240, seed=3):
     return en, de
 
 
-@pytest.fixture(scope="module")
-def corpora(tmp_path_factory):
-    """{bpe: (prepared directory, English raw lines, German raw lines)} for subword-nmt on
-    Moses-tokenized text and for sentencepiece on the raw text."""
-    root = tmp_path_factory.mktemp("detok")
+def prepared_corpora(root):
+    """The raw corpus under ROOT/raw, prepared into ROOT/subword_nmt (Moses-tokenized, subword-nmt)
+    and ROOT/sentencepiece (raw text, sentencepiece), both binarized: ({bpe: directory}, the
+    English and German raw lines)."""
     en, de = raw_corpus(str(root / "raw"))
     out = {}
     for bpe, vocab in (("subword_nmt", "60"), ("sentencepiece", "120")):
@@ -58,8 +57,15 @@ def corpora(tmp_path_factory):
         run_cli(["python", "scripts/prepare/prepare_translation.py", str(prepared), "--src", "de", "--tgt", "en",
                  "--train", str(root / "raw" / "train"), "--valid", str(root / "raw" / "valid"), "--bpe", bpe,
                  "--vocab-size", vocab, "--binarize", "--joined-dictionary", "--no-clean"])
-        out[bpe] = (prepared, en, de)
-    return out
+        out[bpe] = prepared
+    return out, en, de
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    """{bpe: (prepared directory, English raw lines, German raw lines)}."""
+    prepared, en, de = prepared_corpora(tmp_path_factory.mktemp("detok"))
+    return {bpe: (directory, en, de) for bpe, directory in prepared.items()}
 
 
 def recorded(prepared, tmp_path, *args):

@@ -11,7 +11,7 @@ import torch
 
 from conftest import REPO, run_cli
 from fairseq_ext.synthetic import tiny_models
-from test_detokenization import raw_corpus
+from test_detokenization import prepared_corpora
 
 TRAIN = ["--optimizer", "adam", "--lr", "0.005", "--max-tokens", "400", "--max-update", "3", "--num-workers", "0",
          "--disable-validation", "--no-epoch-checkpoints", "--seed", "1", "--dropout", "0.2",
@@ -26,13 +26,9 @@ def checkpoints(tmp_path_factory):
     ones with fairseq's --tokenizer moses --bpe subword_nmt (the tokenization the checkpoint
     records)."""
     root = tmp_path_factory.mktemp("finetune")
-    raw_corpus(str(root / "raw"))
+    corpora, _, _ = prepared_corpora(root)
     out = {}
-    for bpe, vocab in (("subword_nmt", "60"), ("sentencepiece", "120")):
-        prepared = root / bpe
-        run_cli(["python", "scripts/prepare/prepare_translation.py", str(prepared), "--src", "de", "--tgt", "en",
-                 "--train", str(root / "raw" / "train"), "--valid", str(root / "raw" / "valid"), "--bpe", bpe,
-                 "--vocab-size", vocab, "--binarize", "--joined-dictionary", "--no-clean"])
+    for bpe, prepared in corpora.items():
         tokenization = (["--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", str(prepared / "code"),
                          "--source-lang", "de", "--target-lang", "en"] if bpe == "subword_nmt" else [])
         for arch in ("transformer", "lstm"):

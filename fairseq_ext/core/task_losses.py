@@ -236,13 +236,13 @@ def _check_kinds(name: str, cls: type) -> None:
                              f"got {cls.device!r}") from None
 
 
-def check_options(name: str, options: dict) -> type["TaskLoss"]:
-    """The class of ``name`` (without options), if it takes the keyword ``options``; else
-    ``ValueError`` naming its options."""
+def check_options(name: str, options: dict, complete: bool = False) -> type["TaskLoss"]:
+    """The class of ``name`` (without options), if it takes the keyword ``options`` (and, with
+    ``complete``, needs no other); else ``ValueError`` naming its options."""
     cls = task_loss_class(name)
     signature = inspect.signature(cls)
     try:
-        signature.bind_partial(**options)
+        (signature.bind if complete else signature.bind_partial)(**options)
     except TypeError as err:
         valid = [p for p in signature.parameters if p not in ("args", "kwargs")]
         raise ValueError(
@@ -256,16 +256,7 @@ def build_task_loss(name: str, **options) -> "TaskLoss":
     parentheses allowed, ``chrf(beta=1)``) with its options and the keyword ``options``."""
     base, written = split_options(name)
     options = {**written, **options}
-    cls = check_options(base, options)
-    signature = inspect.signature(cls)
-    try:
-        signature.bind(**options)
-    except TypeError as err:
-        valid = [p for p in signature.parameters if p not in ("args", "kwargs")]
-        raise ValueError(
-            f"task loss {base!r}: {err}; its options are: {', '.join(valid) or '(none)'}"
-        ) from None
-    return cls(**options)
+    return check_options(base, options, complete=True)(**options)
 
 
 class TaskLoss:
