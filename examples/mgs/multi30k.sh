@@ -12,7 +12,7 @@
 # The paper: IWSLT'14 De-En, a converged transformer, fine-tuned with MGS for about 2
 # epochs; we keep its settings where they apply (K = 4 candidates, alpha 100, noise
 # 1, the mixture proposal; examples/mgs/README.md lists the differences and also reports MGS rows
-# at the package's default alpha 1 (MGS_ALPHA=1), where the candidate weights are uniform).
+# at alpha 1 (MGS_ALPHA=1), where the candidate weights are uniform).
 #
 # A rerun skips finished trainings and resumes interrupted ones (fine-tunes start from
 # the MLE model with --finetune-from-model, only on their first launch, and save every
@@ -20,7 +20,9 @@
 #
 # usage: examples/mgs/multi30k.sh WORK_DIR
 # env: FAIRSEQ_EXT_DATA (required), MLE_UPDATES (3000), FT_UPDATES (600), SEEDS ("1 2 3"),
-#      EVAL_EVERY (100), METHODS ("mle_cont mgs_sbleu mgs_edit mrt pg"), VOCAB (2000),
+#      EVAL_EVERY (100), METHODS ("mle_cont mgs_sbleu mgs_edit mrt pg"; also mrt_chrf, mrt_chrf_nomle:
+#      MRT on chrF (beta 2) with and without the MLE term, the length-hacking check; mrt_chrf1,
+#      mrt_chrf1_nomle: the same with chrF's beta 1, the guard), VOCAB (2000),
 #      MGS_ALPHA (100: the paper's alpha for MT; 1 reproduces the uniform-weight rows)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -63,6 +65,10 @@ criterion_args() {  # the criterion of a method: the package's defaults, and the
     mgs_edit) echo "--criterion mgs --mgs-task-loss edit --mgs-alpha $MGS_ALPHA" ;;
     mrt) echo "--criterion mrt --mrt-task-loss sbleu" ;;
     pg) echo "--criterion pg --pg-task-loss sbleu" ;;
+    mrt_chrf) echo "--criterion mrt --mrt-task-loss chrf" ;;  # a recall-weighted cost (chrF, beta 2), with the MLE term
+    mrt_chrf_nomle) echo "--criterion mrt --mrt-task-loss chrf --mrt-mle-weight 0" ;;  # ... without it: length hacking
+    mrt_chrf1) echo "--criterion mrt --mrt-task-loss chrf(beta=1)" ;;  # chrF weighting recall as precision
+    mrt_chrf1_nomle) echo "--criterion mrt --mrt-task-loss chrf(beta=1) --mrt-mle-weight 0" ;;
     *) echo "unknown method $1" >&2; return 1 ;;
   esac
 }
