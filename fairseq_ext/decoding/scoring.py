@@ -113,8 +113,10 @@ class BatchScorer:
             cost.source.bpe, cost.source.tokenizer = bpe, source
         self._cache = None
         removal = f"subwords removed by {self.post_process_option} {self.post_process or 'none'}" if bpe is None else ""
+        raw = self.post_process == "sentencepiece" or bpe is not None  # the segmentation restores the text
         logger.info(f"text costs ({'/'.join(names)}): " + ", ".join(x for x in (removal, how) if x)
-                    + ("" if how else " (no --tokenizer or --eval-bleu-detok: not detokenized)"))
+                    + ("" if how or raw else " (no --tokenizer or --eval-bleu-detok: text that was tokenized "
+                                             "before segmentation stays tokenized)"))
 
     def take_seconds(self) -> float:
         """Seconds spent computing costs since the last call (for the criteria's ``cost_seconds``)."""
