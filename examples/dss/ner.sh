@@ -57,7 +57,7 @@ run() {  # SYSTEM CONFIG SEED
       --best-checkpoint-metric f1 --maximize-best-checkpoint-metric --log-format simple >> "$dir.train.log" 2>&1
     for split in valid test; do
       fairseq-generate "$D" "${TASK[@]}" --path "$dir/checkpoint_best.pt" --gen-subset $split --beam 1 \
-        --batch-size 256 > "$dir/$split.gen" 2> "$dir/$split.gen.log"
+        --search-algorithm fairseq --batch-size 256 > "$dir/$split.gen" 2> "$dir/$split.gen.log"
       "$PYTHON" scripts/score/score_tagging.py "$dir/$split.gen" --json "$dir/$split.json" > /dev/null
     done
     rm -f "$dir"/checkpoint_last.pt

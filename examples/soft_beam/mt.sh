@@ -117,7 +117,7 @@ decode() {  # dir init normalisation; test first, the hard beam first (what the 
   local dir=$1 init=$2 norm=$3 split
   for split in test valid; do
     gen "$dir" $split hard --beam 3 --search-algorithm hard --search-normalization "$norm"
-    gen "$dir" $split greedy --beam 1
+    gen "$dir" $split greedy --beam 1 --search-algorithm fairseq
     [ "$init" = - ] || gen "$dir" $split soft --beam 3 --search-algorithm soft --search-normalization "$norm" \
       --search-alpha "$ALPHA_FINAL"
   done

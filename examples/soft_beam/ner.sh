@@ -112,7 +112,7 @@ decode() {  # dir normalisation alpha
   for split in valid test; do
     # greedy: fairseq's search (argmax is the same under local and global scores)
     fairseq-generate "$D" "${TASK[@]}" --path "$dir/checkpoint_best.pt" --gen-subset $split --beam 1 \
-      --batch-size 256 > "$dir/$split.greedy.gen" 2> "$dir/$split.greedy.gen.log"
+      --search-algorithm fairseq --batch-size 256 > "$dir/$split.greedy.gen" 2> "$dir/$split.greedy.gen.log"
     fairseq-generate "$D" "${TASK[@]}" --path "$dir/checkpoint_best.pt" --gen-subset $split --beam 3 \
       --search-algorithm hard --search-normalization "$norm" --batch-size 256 \
       > "$dir/$split.hard.gen" 2> "$dir/$split.hard.gen.log"
