@@ -107,3 +107,24 @@ def test_the_preset_sets_defaults_and_keeps_given_values():
     plain = OmegaConf.structured(TranslationMHConfig())
     apply_preset(plain)
     assert (plain.mh_chains, plain.mh_output, plain.mh_proposal_temperature) == (1, "final", 1.0)
+
+
+def test_a_resume_names_the_criterion_options_that_differ_from_the_checkpoint(toy_bin, tmp_path):
+    """A run saved with the thesis's DSS setting and resumed with it: nothing; resumed
+    without it (so with the defaults): one warning naming both values."""
+    from conftest import run_cli
+    from fairseq_ext.synthetic import tiny_models
+
+    common = ["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", *tiny_models.TINY_ARCHS["transformer"],
+              "--criterion", "differentiable_scheduled_sampling", "--optimizer", "adam", "--lr", "0.001",
+              "--max-tokens", "300", "--num-workers", "0", "--disable-validation", "--no-epoch-checkpoints",
+              "--save-dir", str(tmp_path / "save"), "--seed", "1"]
+    thesis = ["--dss-mode", "soft-argmax", "--dss-decay-k", "10"]
+    run_cli(common + thesis + ["--max-update", "1"])
+    same = run_cli(common + thesis + ["--max-update", "2"])
+    assert "resuming " not in same.stdout + same.stderr
+    resumed = run_cli(common + ["--max-update", "3"])
+    warnings = [line for line in (resumed.stdout + resumed.stderr).splitlines() if "resuming " in line]
+    assert len(warnings) == 1, warnings
+    assert ("with --dss-mode soft-sample (the checkpoint: soft-argmax), --dss-decay-k 100.0 (the checkpoint: 10.0); "
+            "pass the checkpoint's values to continue the run as it was") in warnings[0]

@@ -168,6 +168,22 @@ def patch_checkpoint_directory_check() -> None:
         checkpoint_utils.verify_checkpoint_directory = _verify_checkpoint_directory
 
 
+_SAVED_CRITERION: dict = {}  # checkpoint path -> its saved criterion options, from loading it until resuming
+
+
+def _warn_changed_criterion(path: str, saved, current) -> None:
+    """On a resume, one warning listing the criterion options whose value differs from the
+    checkpoint's (e.g. a default that changed since it was saved)."""
+    if saved is None or current is None or saved.get("_name") != current.get("_name"):
+        return
+    changed = [(key, saved[key], current[key]) for key in current
+               if key != "_name" and key in saved and str(saved[key]) != str(current[key])]
+    if changed:
+        what = ", ".join(f"--{k.replace('_', '-')} {now} (the checkpoint: {was})" for k, was, now in changed)
+        logging.getLogger(__name__).warning(f"resuming {path} with {what}; pass the checkpoint's values to "
+                                            "continue the run as it was")
+
+
 def patch_criterion_state() -> None:
     """Carry a criterion's running state through checkpoints (idempotent).
 
@@ -178,7 +194,9 @@ def patch_criterion_state() -> None:
     ``Trainer.save_checkpoint`` then stores that dict in the checkpoint's
     ``extra_state["fairseq_ext"]["criterion"]``, and ``Trainer.load_checkpoint``
     restores it, unless it is asked to reset the meters (``--reset-meters``, the
-    first launch of ``--finetune-from-model``): a resumed run continues the state,
+    first launch of ``--finetune-from-model``); a resume also warns, in one line, about
+    each criterion option whose value differs from the checkpoint's (a default that
+    changed since it was saved). A resumed run continues the state,
     at an epoch boundary as well as within an epoch; a fine-tuning run starts it
     afresh. Works with fairseq 0.12.2 and fairseq-fixed (both have these two
     methods with these signatures)."""
@@ -200,6 +218,8 @@ def patch_criterion_state() -> None:
                         reset_meters=False):
         extra_state = load(self, filename, reset_optimizer, reset_lr_scheduler, optimizer_overrides,
                            reset_meters=reset_meters)
+        if extra_state is not None and not reset_meters:  # a resume: the run's own options go on
+            _warn_changed_criterion(filename, _SAVED_CRITERION.pop(str(filename), None), self.cfg.criterion)
         set_state = getattr(self.get_criterion(), "load_checkpoint_state", None)
         saved = (extra_state or {}).get(_STATE_KEY, {}).get("criterion")
         if set_state is not None and saved is not None and not reset_meters:
@@ -545,6 +565,9 @@ def patch_checkpoint_errors() -> None:
             raise ConfigError(f"{path}: cannot load it as a checkpoint ({type(e).__name__}: {cause})") from e
         overrides = args[0] if args else kwargs.get("arg_overrides")
         upgrade_checkpoint_cfg(state.get("cfg") if isinstance(state, dict) else None, overrides)
+        cfg = state.get("cfg") if isinstance(state, dict) else None
+        if cfg is not None and cfg.get("criterion") is not None:
+            _SAVED_CRITERION[str(path)] = dict(cfg["criterion"])
         return state
 
     @functools.wraps(load_checkpoint)
