@@ -182,10 +182,11 @@ class MGSCriterion(FairseqCriterion):
         return mix_seed(self.seed, num_updates, micro)
 
     def _pooled_cost(self, model, sample, cfg, generator=None):
-        """C(theta) = mean per-sequence task loss, pooled over workers; and the per-cost means."""
+        """(C(theta) = mean per-sequence task loss, pooled over workers; the candidates; the
+        batch as the decoder saw it)."""
         cand, batch = self.scorer.decode(model, sample, cfg, generator=generator)
-        total, per_name = self.scorer.score(cand.as_list(), cand.source_index, batch)
-        return pooled_mean(total), cand, per_name
+        total, _ = self.scorer.score(cand.as_list(), cand.source_index, batch)
+        return pooled_mean(total), cand, batch
 
     def _mle_gradient(self, module, sample):
         """(params, g: the per-token NLL gradient pooled over workers, one flat vector (the
@@ -278,8 +279,7 @@ class MGSCriterion(FairseqCriterion):
         batched = self._batched_for(module)
         if not batched:
             gen = self._sampling_generator(device, seed)
-            c0, cand0, _ = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
-            batch0 = self.scorer.decode_inputs(sample, self.scorer.dictionary)[0]
+            c0, cand0, batch0 = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
             c0, shape = float(c0), self.scorer.output_shape(cand0, batch0)
         params, grads, nll_sum, ntokens = self._mle_gradient(module, sample)
         grad_norm = clip_grad_([grads], self.mle_clip)

@@ -95,6 +95,11 @@ def text_tools(cfg, task) -> Tuple[object, object, object, str]:
     def lang(value, side):
         return value if value else (getattr(getattr(task, "cfg", None), f"{side}_lang", None) or "en")
 
+    def moses(source_lang, target_lang, **options):  # (the target's detokenizer, the sources')
+        src, tgt = lang(source_lang, "source"), lang(target_lang, "target")
+        return tuple(encoders.build_tokenizer(Namespace(tokenizer="moses", source_lang=src, target_lang=side,
+                                                        **options)) for side in (tgt, src))
+
     bpe = encoders.build_bpe(cfg.bpe) if cfg.get("bpe") is not None else None
     target = source = None
     how = []
@@ -102,10 +107,8 @@ def text_tools(cfg, task) -> Tuple[object, object, object, str]:
         tok_cfg = cfg.tokenizer
         name = tok_cfg.get("_name")
         if name == "moses":
-            fields = {k: tok_cfg.get(k) for k in ("moses_no_dash_splits", "moses_no_escape")}
-            src, tgt = lang(tok_cfg.get("source_lang"), "source"), lang(tok_cfg.get("target_lang"), "target")
-            target = encoders.build_tokenizer(Namespace(tokenizer="moses", source_lang=src, target_lang=tgt, **fields))
-            source = encoders.build_tokenizer(Namespace(tokenizer="moses", source_lang=src, target_lang=src, **fields))
+            target, source = moses(tok_cfg.get("source_lang"), tok_cfg.get("target_lang"),
+                                   **{k: tok_cfg.get(k) for k in ("moses_no_dash_splits", "moses_no_escape")})
         else:
             target = source = encoders.build_tokenizer(tok_cfg)
         how.append(f"detokenized with --tokenizer {name}")
@@ -115,9 +118,7 @@ def text_tools(cfg, task) -> Tuple[object, object, object, str]:
         if detok not in (None, "", "space"):
             args = json.loads(getattr(task_cfg, "eval_bleu_detok_args", None) or "{}")
             if detok == "moses":
-                src, tgt = lang(args.pop("source_lang", None), "source"), lang(args.pop("target_lang", None), "target")
-                target = encoders.build_tokenizer(Namespace(tokenizer="moses", source_lang=src, target_lang=tgt, **args))
-                source = encoders.build_tokenizer(Namespace(tokenizer="moses", source_lang=src, target_lang=src, **args))
+                target, source = moses(args.pop("source_lang", None), args.pop("target_lang", None), **args)
             else:
                 target = source = encoders.build_tokenizer(Namespace(tokenizer=detok, **args))
             how.append(f"detokenized with --eval-bleu-detok {detok}")
