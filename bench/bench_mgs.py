@@ -30,7 +30,7 @@ one thread it equals wall time on an idle machine; it still varies with the load
 through shared caches and memory bandwidth) and wall time on CUDA.
 
 The breakdown times the step's parts separately on the same batch and model,
-through the criterion's own objects and ``fairseq_ext.core.mgs`` (the criterion is
+through the criterion's own objects and ``fairseq_ext.core.parameter_search`` (the criterion is
 not modified): decode (one ``scorer.decode``) and score (one edit cost
 over the batch), each x (K + 1); the MLE gradient (``_mle_gradient`` + ``clip_grad_``);
 perturb/restore (entering and leaving ``ParameterSearch.perturbed(k)`` for the K
@@ -78,7 +78,7 @@ from fairseq import utils
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 
 from fairseq_ext.synthetic import tiny_models, toy
-from fairseq_ext.core.mgs import ParameterSearch, clip_grad_
+from fairseq_ext.core.parameter_search import ParameterSearch, clip_grad_
 from fairseq_ext.criterions.mgs import MGSCriterion
 from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
 

@@ -44,7 +44,7 @@ dictionaries.patch_dictionary_check()
 stop_batch_threads_at_exit()
 cli.install()
 
-from fairseq_ext.decoding import sequence_cost  # noqa: E402,F401  (registers the ``lm`` task loss)
+from fairseq_ext.costs import sequence_cost  # noqa: E402,F401  (registers the ``lm`` task loss)
 from fairseq_ext import criterions  # noqa: E402,F401
 from fairseq_ext import models  # noqa: E402,F401
 from fairseq_ext import tasks  # noqa: E402,F401

@@ -78,7 +78,7 @@ def _greedy_cost(work, run, cost):
     from fairseq import checkpoint_utils
 
     from fairseq_ext.decoding.candidates import DecodeConfig
-    from fairseq_ext.decoding.scoring import BatchScorer
+    from fairseq_ext.costs.batch_scorer import BatchScorer
 
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(work / f"ckpt_{run}" / "checkpoint_last.pt")], arg_overrides={"data": str(work / "bin")})

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from fairseq_ext.synthetic import tiny_models
 from fairseq_ext.decoding import candidates
 from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
-from fairseq_ext.decoding.scoring import BatchScorer
+from fairseq_ext.costs.batch_scorer import BatchScorer
 
 
 def _build(toy_bin, criterion_args, seed=1, dropout="0.1"):

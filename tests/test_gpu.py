@@ -14,7 +14,7 @@ import torch
 
 from conftest import REPO, cli_env, run_cli
 from fairseq_ext.synthetic import tiny_models
-from fairseq_ext.core.mgs import ParameterSearch, ProposalConfig
+from fairseq_ext.core.parameter_search import ParameterSearch, ProposalConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -270,8 +270,8 @@ def test_static_cache_decoding_on_cuda(arch, toy_bin, toy_lm_bin, caplog, monkey
 
     from fairseq_ext.decoding import graphed_step
     from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
-    from fairseq_ext.decoding.lean_step import decoder_step, unsupported_reason
-    from fairseq_ext.decoding.scoring import BatchScorer
+    from fairseq_ext.decoding.transformer_step import decoder_step, unsupported_reason
+    from fairseq_ext.costs.batch_scorer import BatchScorer
 
     data, task_name, extra = ((toy_bin, "translation", []) if arch in ("transformer", "lstm")
                               else (toy_lm_bin, "text_completion", ["--completion-context-size", "3"]))

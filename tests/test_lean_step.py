@@ -1,4 +1,4 @@
-"""The static-cache decoder steps (fairseq_ext/decoding/lean_step.py, lstm_step.py)
+"""The static-cache decoder steps (fairseq_ext/decoding/transformer_step.py, lstm_step.py)
 against fairseq's own full teacher-forced forward, and candidate decoding, DSS's pass
 and the beam search with them against fairseq's incremental path (kept as the
 reference and as the fallback):
@@ -27,9 +27,9 @@ import fairseq.models.lstm
 import fairseq.utils
 from fairseq_ext.decoding.candidates import (DecodeConfig, ParameterSets, _encode_sets, decode_candidates, decode_grouped,
                                              decode_with_greedy, grouped_reason, sequence_log_probs)
-from fairseq_ext.decoding.lean_step import TransformerStep, decoder_step, unsupported_reason
+from fairseq_ext.decoding.transformer_step import TransformerStep, decoder_step, unsupported_reason
 from fairseq_ext.decoding.lstm_step import LSTMStep
-from fairseq_ext.decoding.scoring import BatchScorer
+from fairseq_ext.costs.batch_scorer import BatchScorer
 from fairseq_ext.synthetic import tiny_models
 
 VARIANTS = {  # name: (architecture, options)
@@ -236,16 +236,16 @@ def _hooked(model):
 def test_other_decoders_take_fairseqs_path_with_one_log_line(untrained_models, caplog, monkeypatch):
     """Candidate decoding and DSS's pass each say once that a decoder the steps do not
     cover (an lstm with a forward hook) takes fairseq's path."""
-    from fairseq_ext.decoding import lean_step
+    from fairseq_ext.decoding import transformer_step
     from fairseq_ext.decoding.soft_inputs import run_scheduled_sampling
 
     task, model = untrained_models["lstm"]
     model = _hooked(model)
-    monkeypatch.setattr(lean_step, "_FALLBACK_LOGGED", set())
+    monkeypatch.setattr(transformer_step, "_FALLBACK_LOGGED", set())
     task.load_dataset("valid")
     sample = _batch(task)
     fed = torch.zeros_like(sample["net_input"]["prev_output_tokens"], dtype=torch.bool)
-    with caplog.at_level(logging.INFO, logger="fairseq_ext.decoding.lean_step"):
+    with caplog.at_level(logging.INFO, logger="fairseq_ext.decoding.transformer_step"):
         for _ in range(2):
             c = decode_candidates(model, sample, DecodeConfig(max_len_b=5))
             run_scheduled_sampling(model, sample["net_input"], fed, "soft-argmax", 1.0)
@@ -480,8 +480,8 @@ def test_beam_search_equals_its_search_on_fairseqs_path(translation, softmax_in_
     final scores, costs, hypotheses, and the gradient of the direct loss with respect to
     every parameter, float64 to 1e-10. Sentences of different horizons leave the batch
     at different steps; with ``open_length`` elements finish at EOS."""
-    from fairseq_ext.core.soft_beam import hamming_step_costs, open_length_hamming_costs, soft_beam_loss
-    from fairseq_ext.decoding.soft_beam import DROPOUT_MODES, run_beam
+    from fairseq_ext.core.beam_relaxation import hamming_step_costs, open_length_hamming_costs, soft_beam_loss
+    from fairseq_ext.decoding.beam_search import DROPOUT_MODES, run_beam
 
     task, model = translation
     model = copy.deepcopy(model).double().train()

@@ -1,4 +1,4 @@
-"""core/mgs.py: hand-computed weights and direction, limit cases in alpha, the exact
+"""core/parameter_search.py: hand-computed weights and direction, limit cases in alpha, the exact
 mixture density against torch.distributions, bitwise restoration, seeding."""
 import math
 
@@ -7,7 +7,7 @@ import torch
 from torch.distributions import Normal
 
 from fairseq_ext.core.constraints import ParameterError
-from fairseq_ext.core.mgs import (
+from fairseq_ext.core.parameter_search import (
     ParameterSearch,
     ProposalConfig,
     clip_grad_,
@@ -214,7 +214,7 @@ def test_segment_sums_against_float64_sums():
     """Segments starting and ending inside rows, spanning rows, empty, shorter than a row,
     in the tail after the last full row: each sum within 5e-8 of its float64 sum, relative
     to the sum of magnitudes (float32 dot products of 500k squares: about 1e-6)."""
-    from fairseq_ext.core.mgs import segment_sums
+    from fairseq_ext.core.parameter_search import segment_sums
 
     g = torch.Generator().manual_seed(0)
     for sizes in ([5], [256], [300, 1, 0, 700, 256, 3], [200_000, 7, 4_000], [0, 10, 0]):

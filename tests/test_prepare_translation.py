@@ -12,7 +12,7 @@ from fairseq.data import Dictionary
 
 from conftest import REPO, cli_env
 from fairseq_ext.synthetic import toy
-from fairseq_ext.decoding.sequence_cost import resolve_post_process
+from fairseq_ext.costs.sequence_cost import resolve_post_process
 
 SCRIPT = os.path.join(REPO, "scripts", "prepare", "prepare_translation.py")
 SIZES = {"training": 300, "heldout": 40, "eval": 30}

@@ -1,4 +1,4 @@
-"""core/residual.py on an enumerable toy: a base LM over a 3-word vocabulary with
+"""core/residual_ebm.py on an enumerable toy: a base LM over a 3-word vocabulary with
 continuations of 2 tokens (9 sequences, so log Z and the joint distribution are
 exact), written directly in torch; the NCE loss by hand and Theorem 1; the log-Z
 estimators' exact expectations against Theorem 2; the joint sampler (Algorithm 1)
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from fairseq_ext.core.residual import (
+from fairseq_ext.core.residual_ebm import (
     joint_log_prob,
     leave_one_out_log_mean_exp,
     log_z_estimates,

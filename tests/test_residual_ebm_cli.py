@@ -398,7 +398,7 @@ def test_log_z_estimates_from_the_base_lm_match_the_enumerated_log_z(toy_lm_bin,
     from another distribution miss: top-5 sampling is 0.11 nats off against a
     tolerance of 0.06 (top-20 passes: this 30-update LM puts nearly all its mass
     there)."""
-    from fairseq_ext.core.residual import log_z_estimates
+    from fairseq_ext.core.residual_ebm import log_z_estimates
     from fairseq_ext.generators.joint_sampler import JointSampler
 
     task, _ = setup(toy_lm_bin, "--residual-base-lm", base_lm)

@@ -12,8 +12,8 @@ from fairseq.data import Dictionary
 
 from fairseq_ext.synthetic import tiny_models, toy
 from fairseq_ext.decoding.candidates import DecodeConfig
-from fairseq_ext.decoding.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process
-from fairseq_ext.decoding.scoring import BatchScorer, parse_cost_spec
+from fairseq_ext.costs.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process
+from fairseq_ext.costs.batch_scorer import BatchScorer, parse_cost_spec
 
 SP = "\u2581"
 
@@ -109,7 +109,7 @@ WORD_DICT = ["the", "cat", "sat", "."]
     (WORD_DICT, "subword_nmt", "subword_nmt", True),
 ])
 def test_resolve_post_process(caplog, symbols, value, expected, warns):
-    with caplog.at_level(logging.INFO, logger="fairseq_ext.decoding.sequence_cost"):
+    with caplog.at_level(logging.INFO, logger="fairseq_ext.costs.sequence_cost"):
         assert resolve_post_process(value, _dict_of(symbols), "--mrt-post-process", ["sbleu"]) == expected
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert bool(warnings) == warns, warnings
@@ -127,7 +127,7 @@ def test_resolve_post_process_rejects_unknown_value():
 
 def test_post_process_only_resolved_for_text_costs(untrained_models, caplog):
     task, _ = untrained_models["transformer"]
-    with caplog.at_level(logging.INFO, logger="fairseq_ext.decoding.sequence_cost"):
+    with caplog.at_level(logging.INFO, logger="fairseq_ext.costs.sequence_cost"):
         assert BatchScorer(task, "edit", post_process="sentencepiece").post_process is None
     assert not caplog.records  # edit compares symbols: no BPE removal, nothing to say
     with pytest.raises(ValueError, match="--mrt-post-process: unknown value 'spm'"):
@@ -166,7 +166,7 @@ def test_criteria_score_text_without_pieces_by_default(pieces_bin, toy_raw, crit
     default --*-post-process scores the references of a BPE'd data set as the original words."""
     scheme, data = pieces_bin
     task, _, args = tiny_models.build_task_and_model(data, "translation", "transformer", criterion)
-    with caplog.at_level(logging.INFO, logger="fairseq_ext.decoding.sequence_cost"):
+    with caplog.at_level(logging.INFO, logger="fairseq_ext.costs.sequence_cost"):
         crit = task.build_criterion(args)
     assert any(f"post-process auto: {scheme}" in r.getMessage() for r in caplog.records)
     task.load_dataset("valid")
@@ -189,7 +189,7 @@ def test_forced_none_on_pieces_warns(pieces_bin, caplog):
     scheme, data = pieces_bin
     task, _, args = tiny_models.build_task_and_model(data, "translation", "transformer",
                                              ["--criterion", "mgs", "--mgs-post-process", "none"])
-    with caplog.at_level(logging.INFO, logger="fairseq_ext.decoding.sequence_cost"):
+    with caplog.at_level(logging.INFO, logger="fairseq_ext.costs.sequence_cost"):
         assert task.build_criterion(args).scorer.post_process is None
     warning = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warning) == 1 and warning[0].startswith("--mgs-post-process none, but")

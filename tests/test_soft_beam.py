@@ -12,7 +12,7 @@ import torch
 
 from conftest import REPO, assert_shards_make_one_run, run_cli
 from fairseq_ext.synthetic import tiny_models
-from fairseq_ext.core.soft_beam import (
+from fairseq_ext.core.beam_relaxation import (
     continuous_topk_argmax,
     hamming_step_costs,
     hard_beam_step,
@@ -22,7 +22,7 @@ from fairseq_ext.core.soft_beam import (
     soft_max_score,
 )
 from fairseq_ext.core.schedules import interpolated
-from fairseq_ext.decoding.soft_beam import BeamGenerator, local_scores, run_beam
+from fairseq_ext.decoding.beam_search import BeamGenerator, local_scores, run_beam
 from fairseq_ext.decoding.soft_inputs import SoftReorder
 
 # ----------------------------------------------------------------- core
@@ -814,9 +814,9 @@ def test_search_arithmetic_stays_float32_under_autocast(criterion_name, translat
     bfloat16's rounding of the float32 loss, and its gradients are finite."""
     import copy
 
-    from fairseq_ext.core import soft_beam as core
+    from fairseq_ext.core import beam_relaxation as core
     from fairseq_ext.criterions.soft_beam import SoftBeamDirectLossCriterion, SoftBeamHingeCriterion
-    from fairseq_ext.decoding import soft_beam as generator
+    from fairseq_ext.decoding import beam_search as generator
 
     steps = []
     for name in ("soft_beam_step", "hard_beam_step"):

@@ -12,7 +12,7 @@ import user_costs
 from conftest import REPO, run_cli_batch
 from fairseq_ext.core.task_losses import TASK_LOSSES, task_loss_class
 from fairseq_ext.decoding.candidates import DecodeConfig, sequence_log_probs
-from fairseq_ext.decoding.scoring import BatchScorer, parse_cost_spec
+from fairseq_ext.costs.batch_scorer import BatchScorer, parse_cost_spec
 from fairseq_ext.runtime.cli import ConfigError
 
 TESTS = os.path.join(REPO, "tests")

@@ -1,6 +1,6 @@
 """``--criterion mgs``: MLE-guided parameter search (Welleck & Cho, Algorithm 1).
 
-A thin fairseq adapter around ``fairseq_ext.core.mgs``. Each training step:
+A thin fairseq adapter around ``fairseq_ext.core.parameter_search``. Each training step:
 decode the batch with theta and compute the pooled task loss C(theta); compute
 the MLE gradient g (per-token NLL pooled over workers, clipped to
 ``--mgs-mle-clip``); for k = 1..K perturb theta in place by Delta_k ~ q (eq. 4),
@@ -37,17 +37,17 @@ from omegaconf import II
 
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import above
-from fairseq_ext.core.mgs import IMPORTANCE, NOISE_SCALES, PROPOSALS, ParameterSearch, ProposalConfig
-from fairseq_ext.core.mgs import clip_grad_, mgs_weights, mix_seed, weight_stats
+from fairseq_ext.core.parameter_search import IMPORTANCE, NOISE_SCALES, PROPOSALS, ParameterSearch, ProposalConfig
+from fairseq_ext.core.parameter_search import clip_grad_, mgs_weights, mix_seed, weight_stats
 from fairseq_ext.runtime.clock import TrainingClock, check_model_at_start
 from fairseq_ext.runtime.distributed import all_reduce_sum_, pooled_mean, pooled_means, unwrap
 from fairseq_ext.runtime.validation import check_options
 from fairseq_ext.decoding.candidates import (CUDA_GRAPHS, CUDA_GRAPHS_HELP, STRATEGIES, DecodeConfig, ParameterSets,
                                              grouped_reason)
-from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
+from fairseq_ext.costs.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.tasks.text_completion import TextCompletionTask
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
-from fairseq_ext.decoding.scoring import (TASK_LOSS_HELP, BatchScorer, check_candidate_model, log_cost_seconds,
+from fairseq_ext.costs.batch_scorer import (TASK_LOSS_HELP, BatchScorer, check_candidate_model, log_cost_seconds,
                                           log_output_shape)
 
 logger = logging.getLogger(__name__)

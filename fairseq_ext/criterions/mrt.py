@@ -18,9 +18,9 @@ from fairseq_ext.core.constraints import above, at_least
 from fairseq_ext.core.risk import distinct_mask, mrt_distribution, mrt_risk, normalize_costs, scale_gradient
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
 from fairseq_ext.decoding.candidates import CUDA_GRAPHS, CUDA_GRAPHS_HELP, STRATEGIES, DecodeConfig, pad_columns
-from fairseq_ext.decoding.sequence_cost import POST_PROCESS_HELP
+from fairseq_ext.costs.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
-from fairseq_ext.decoding.scoring import TASK_LOSS_HELP, BatchScorer
+from fairseq_ext.costs.batch_scorer import TASK_LOSS_HELP, BatchScorer
 from fairseq_ext.runtime.validation import check_options
 
 

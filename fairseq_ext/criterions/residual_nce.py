@@ -25,7 +25,7 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_ext.runtime.cli import ConfigError
-from fairseq_ext.core.residual import NEG_WEIGHTINGS, nce_accuracy, nce_loss
+from fairseq_ext.core.residual_ebm import NEG_WEIGHTINGS, nce_accuracy, nce_loss
 from fairseq_ext.runtime.validation import check_options
 
 

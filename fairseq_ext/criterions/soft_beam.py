@@ -2,7 +2,7 @@
 training through a continuous relaxation of beam search (Goyal thesis, chapter 4;
 chapter 5 for ``--soft-beam-normalization global``).
 
-Each step runs the relaxed beam (``fairseq_ext.decoding.soft_beam.run_beam``,
+Each step runs the relaxed beam (``fairseq_ext.decoding.beam_search.run_beam``,
 Algorithm 3) over every sentence with a decomposable Hamming cost:
 
 - tagging (a task with ``forced_output_length``): for the gold length, d_t(w) =
@@ -11,7 +11,7 @@ Algorithm 3) over every sentence with a decomposable Hamming cost:
   (no special symbol but EOS proposed, no EOS first), EOS forced after
   ``--soft-beam-extra-len`` tokens past the reference length, and the Hamming
   cost over max(hypothesis, reference) positions, a missing position counting as
-  an error (``core.soft_beam.open_length_hamming_costs``).
+  an error (``core.beam_relaxation.open_length_hamming_costs``).
 
 - ``soft_beam_direct_loss`` minimises L = peaked-softmax_alpha(s_T) . D_T, the
   relaxed cost of the beam's best element (eq. 4.2);
@@ -41,7 +41,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import above, at_least
 from fairseq_ext.core.schedules import ALPHA_SCHEDULES, interpolated
-from fairseq_ext.core.soft_beam import (
+from fairseq_ext.core.beam_relaxation import (
     hamming_step_costs,
     open_length_hamming_costs,
     soft_beam_loss,
@@ -50,7 +50,7 @@ from fairseq_ext.core.soft_beam import (
 from fairseq_ext.core.task_losses import parse_label_weights
 from fairseq_ext.runtime.clock import TrainingClock, check_model_at_start
 from fairseq_ext.runtime.distributed import forward_in_wrapper
-from fairseq_ext.decoding.soft_beam import (
+from fairseq_ext.decoding.beam_search import (
     DROPOUT_MODES,
     NORMALIZATIONS,
     local_scores,

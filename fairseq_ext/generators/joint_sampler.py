@@ -20,7 +20,7 @@ from torch import Tensor
 
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import at_least, check_arguments, declare
-from fairseq_ext.core.residual import resample
+from fairseq_ext.core.residual_ebm import resample
 from fairseq_ext.core.sampling import batch_generator, choose_tokens
 
 

@@ -11,7 +11,7 @@ thesis (sections 3.3.3, 4.5, 5.4.2).
   step t are ``fc_out(h^dec_t)``.
 - Forced length (default; ``--decoder-no-forced-length`` turns it off): the decoder
   masks its scores so that a sentence of n words gets exactly n labels and then
-  ``<eos>`` (see ``fairseq_ext/core/tagging.py``), whatever the search.
+  ``<eos>`` (see ``fairseq_ext/core/tagger.py``), whatever the search.
 
 It is a ``FairseqIncrementalDecoder``: fairseq's ``SequenceGenerator`` (greedy,
 beam, sampling) and ``fairseq_ext.decoding.candidates.decode_candidates`` run on
@@ -43,7 +43,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from fairseq_ext.core.constraints import at_least, between
-from fairseq_ext.core.tagging import fixed_attention, force_length
+from fairseq_ext.core.tagger import fixed_attention, force_length
 from fairseq_ext.runtime.validation import check_options
 
 EncoderOut = Dict[str, list]

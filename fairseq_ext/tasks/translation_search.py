@@ -24,7 +24,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from fairseq_ext.decoding.soft_beam import BeamSearchConfig, build_beam_generator
+from fairseq_ext.decoding.beam_search import BeamSearchConfig, build_beam_generator
 from fairseq_ext.runtime.validation import check_options
 from fairseq_ext.tasks.batching import TaskBatching
 
@@ -37,7 +37,7 @@ class TranslationSearchConfig(TranslationConfig, BeamSearchConfig):
 
 @register_task("translation_search", dataclass=TranslationSearchConfig)
 class TranslationSearchTask(TaskBatching, TranslationTask):
-    """``translation`` with the hard / soft beam of ``decoding/soft_beam.py`` as
+    """``translation`` with the hard / soft beam of ``decoding/beam_search.py`` as
     fairseq-generate's search (``--search-algorithm``)."""
 
     cfg: TranslationSearchConfig

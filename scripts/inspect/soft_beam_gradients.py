@@ -26,7 +26,7 @@ from fairseq import checkpoint_utils
 
 import fairseq_ext  # noqa: F401  (registers the criteria)
 from fairseq_ext.criterions.soft_beam import SoftBeamDirectLossCriterion, SoftBeamHingeCriterion
-from fairseq_ext.decoding.soft_beam import DROPOUT_MODES
+from fairseq_ext.decoding.beam_search import DROPOUT_MODES
 
 
 def flat_grad(model, loss) -> torch.Tensor:

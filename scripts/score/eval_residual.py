@@ -39,7 +39,7 @@ import torch
 from fairseq import checkpoint_utils, options, tasks
 
 import fairseq_ext  # noqa: F401  (registers residual_lm / residual_energy)
-from fairseq_ext.core.residual import joint_log_prob, log_z_estimates, perplexity, resample
+from fairseq_ext.core.residual_ebm import joint_log_prob, log_z_estimates, perplexity, resample
 from fairseq_ext.core.task_losses import unique_ngram_share
 from fairseq_ext.generators.joint_sampler import JointSampler, lm_log_prob, with_prefixes
 

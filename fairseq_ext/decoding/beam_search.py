@@ -2,10 +2,10 @@
 Algorithm 3), and the hard beam search it tends to as alpha -> inf.
 
 The decoder runs incrementally on B x k rows (sentence-major, beam-minor, as in
-fairseq). At every step its scores feed ``core.soft_beam.soft_beam_step``; the next
+fairseq). At every step its scores feed ``core.beam_relaxation.soft_beam_step``; the next
 input of element i is the soft output a_i^T E, and the decoder's whole incremental
 state is mixed by the soft backpointers. fairseq's ``transformer`` decoder runs on the
-differentiable static-cache step (``lean_step.TransformerStep``: the soft input in
+differentiable static-cache step (``transformer_step.TransformerStep``: the soft input in
 place of a token embedding, every layer's keys and values mixed by one batched
 product); other decoders (``lstm``, ``tagging_lstm``) run fairseq's incremental path,
 the soft input fed through the embedding hook of ``soft_inputs`` and the state mixed
@@ -55,9 +55,9 @@ from torch import Tensor
 
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import above
-from fairseq_ext.core.soft_beam import hard_beam_step, soft_beam_step
+from fairseq_ext.core.beam_relaxation import hard_beam_step, soft_beam_step
 from fairseq_ext.decoding.compiled_step import compiled as compiled_function, compiled_logits
-from fairseq_ext.decoding.lean_step import decoder_step, use_step
+from fairseq_ext.decoding.transformer_step import decoder_step, use_step
 from fairseq_ext.decoding.soft_inputs import (
     EmbeddingOverride,
     SoftReorder,
@@ -178,7 +178,7 @@ def run_beam(
 
     horizon: (B,) steps per sentence (with ``stop_at_eos``: the most steps, EOS
     included). step_costs: (B, T, V) d_t(w) (Hamming, see
-    ``core.soft_beam.hamming_step_costs``), T = max horizon; accumulated into the
+    ``core.beam_relaxation.hamming_step_costs``), T = max horizon; accumulated into the
     costs, and added to the candidate scores when ``augment``. dropout:
     ``independent``, ``shared`` or ``none`` (module docstring). lean: the static-cache
     step where it covers the decoder (False: fairseq's incremental path always).

@@ -20,12 +20,12 @@ from fairseq_ext.core.task_losses import (TASK_LOSS_SPEC, parse_task_loss_spec, 
                                           task_loss_names, unique_ngram_share)
 from fairseq_ext.runtime.distributed import unwrap
 from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates, decode_grouped, decode_with_greedy
-from fairseq_ext.decoding.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process, text_tools
+from fairseq_ext.costs.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process, text_tools
 from fairseq_ext.tasks.text_completion import TextCompletionTask, prefix_sample
 
 logger = logging.getLogger(__name__)
 
-# the registered names: the core's, and lm (registered by decoding.sequence_cost, imported above)
+# the registered names: the core's, and lm (registered by costs.sequence_cost, imported above)
 TASK_LOSS_HELP = ("{what}: a registered cost (" + ", ".join(task_loss_names()) + "), your own as module:Class (a "
                   "TaskLoss subclass importable from PYTHONPATH), or a weighted sum, e.g. 'edit=1,rep=0.5' or "
                   "'my_costs:Quality=1,sbleu=0.5'")
