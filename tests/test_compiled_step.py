@@ -18,7 +18,7 @@ from fairseq_ext.criterions.scheduled_sampling import DSSCriterion
 from fairseq_ext.criterions.soft_beam import SoftBeamDirectLossCriterion
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.decoding import compiled_step
-from fairseq_ext.decoding.soft_inputs import run_scheduled_sampling
+from fairseq_ext.decoding.dss_passes import run_scheduled_sampling
 from fairseq_ext.core.token_losses import label_smoothed_nll
 from fairseq_ext.synthetic import tiny_models
 

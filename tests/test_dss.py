@@ -15,7 +15,8 @@ from fairseq_ext.synthetic import tiny_models
 from fairseq_ext.core.relaxations import decision_embedding, decision_weights, gumbel_noise, peaked_softmax
 from fairseq_ext.core.schedules import exponential_growth, teacher_forcing_prob
 from fairseq_ext.core.token_losses import label_smoothed_nll
-from fairseq_ext.decoding.soft_inputs import EmbeddingOverride, make_noise_fn, run_scheduled_sampling
+from fairseq_ext.decoding.soft_inputs import EmbeddingOverride
+from fairseq_ext.decoding.dss_passes import make_noise_fn, run_scheduled_sampling
 
 ARCHS = ("transformer", "lstm", "tagging_lstm")
 

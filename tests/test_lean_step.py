@@ -237,7 +237,7 @@ def test_other_decoders_take_fairseqs_path_with_one_log_line(untrained_models, c
     """Candidate decoding and DSS's pass each say once that a decoder the steps do not
     cover (an lstm with a forward hook) takes fairseq's path."""
     from fairseq_ext.decoding import transformer_step
-    from fairseq_ext.decoding.soft_inputs import run_scheduled_sampling
+    from fairseq_ext.decoding.dss_passes import run_scheduled_sampling
 
     task, model = untrained_models["lstm"]
     model = _hooked(model)
@@ -445,7 +445,7 @@ def test_scheduled_sampling_pass_equals_fairseqs_incremental_pass(translation, s
     same pass through fairseq's incremental decoding, in train mode (dropout 0.1 drawn from
     the same random state; Gumbel noise from its own generator): the scores at every real
     position and the gradient of a loss on them with respect to every parameter."""
-    from fairseq_ext.decoding.soft_inputs import make_noise_fn, run_scheduled_sampling
+    from fairseq_ext.decoding.dss_passes import make_noise_fn, run_scheduled_sampling
 
     task, model = translation
     model = copy.deepcopy(model).to(dtype).train()
@@ -530,7 +530,7 @@ def test_scheduled_sampling_pass_under_autocast_is_as_close_to_float32_as_fairse
     measured errors 0.3-1.3% of the scores' norm, 1-11% of the gradient's, for either path).
     Dropout off: a mask drawn for a bfloat16 tensor is not the one drawn for a float32
     tensor, and the two paths drop some tensors in different dtypes."""
-    from fairseq_ext.decoding.soft_inputs import run_scheduled_sampling
+    from fairseq_ext.decoding.dss_passes import run_scheduled_sampling
 
     task, model = translation
     model = copy.deepcopy(model).train()

@@ -22,7 +22,8 @@ from fairseq_ext.core.beam_relaxation import (
     soft_max_score,
 )
 from fairseq_ext.core.schedules import interpolated
-from fairseq_ext.decoding.beam_search import BeamGenerator, local_scores, run_beam
+from fairseq_ext.decoding.beam_search import local_scores, run_beam
+from fairseq_ext.generators.beam_generator import BeamGenerator
 from fairseq_ext.decoding.soft_inputs import SoftReorder
 
 # ----------------------------------------------------------------- core

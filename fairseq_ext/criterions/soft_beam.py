@@ -54,10 +54,10 @@ from fairseq_ext.decoding.beam_search import (
     DROPOUT_MODES,
     NORMALIZATIONS,
     local_scores,
-    remember_normalization,
     run_beam,
 )
 from fairseq_ext.decoding.soft_inputs import check_step_decodable
+from fairseq_ext.generators.beam_generator import remember_normalization
 from fairseq_ext.runtime.validation import as_options, check_options
 
 

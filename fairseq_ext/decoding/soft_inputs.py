@@ -12,24 +12,17 @@ dropout, layer norms) is therefore exactly what it is for token inputs. The
 encoder is run before the hook is armed, so a shared source / target embedding
 (``--share-all-embeddings``) is not affected.
 
-``run_scheduled_sampling`` uses it to decode a target left to right (through the
-decoder's incremental state, the recurrence of Goyal thesis 3.3.2) or in N parallel
-passes, with each position fed the gold token or the previous step's decision.
+DSS's passes (``dss_passes``) and the soft beam search (``beam_search``) feed soft
+inputs through it on fairseq's path; ``SoftReorder`` mixes the incremental state by
+soft backpointers.
 """
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 
 from fairseq_ext.runtime.cli import ConfigError
-from fairseq_ext.core.constraints import Rule, check_arguments, declare
-from fairseq_ext.core.relaxations import decision_embedding, gumbel_noise, is_sample
-from fairseq_ext.decoding.compiled_step import compiled_logits
-from fairseq_ext.decoding.transformer_step import decoder_step, use_step
-
-NoiseFn = Callable[[Tensor], Tensor]
-
 
 class EmbeddingOverride:
     """A forward hook on ``embedding`` that, while armed with ``set(mask, embeds)``,
@@ -102,100 +95,6 @@ def check_step_decodable(model: nn.Module, who: str) -> None:
                          f"{type(decoder).__name__} has no reorder_incremental_state_scripting")
     decoder_embedding(decoder)
     check_plain_output_layer(decoder)
-
-
-def make_noise_fn(mode: str, generator: Optional[torch.Generator] = None) -> Optional[NoiseFn]:
-    """Gumbel noise of the shape of given scores for the sample modes, else None."""
-    if not is_sample(mode):
-        return None
-    return lambda scores: gumbel_noise(scores.shape, generator=generator, device=scores.device, dtype=torch.float32)
-
-
-@declare(passes=Rule(lambda p: p == 0 or p >= 2, "0 (exact) or >= 2", counterexample=1))
-def run_scheduled_sampling(
-    model,
-    net_input: Dict[str, Tensor],
-    model_fed: Tensor,
-    mode: str,
-    alpha: float,
-    passes: int = 0,
-    noise_fn: Optional[NoiseFn] = None,
-    lean: bool = True,
-    compiled: bool = False,
-) -> Tuple[Tensor, List[Tensor]]:
-    """Decoder scores of a scheduled-sampling pass.
-
-    net_input: a fairseq batch's ``net_input`` (``src_tokens``, ``src_lengths``,
-    ``prev_output_tokens`` (N, T)). model_fed: (N, T) bool, True where position i
-    is fed the decision on the scores of position i - 1 instead of the gold token
-    ``prev_output_tokens[:, i]`` (must be False at i = 0 and at padding).
-
-    passes = 0: exact, left to right through the incremental state; the decision
-    at i is taken on the scores of step i - 1 of this very pass, so gradients flow
-    back through every earlier decision (soft modes). passes = P >= 2: the
-    parallel approximation: pass 1 is teacher-forced, pass p feeds the decisions
-    on pass p - 1's scores; P full-sequence forwards instead of T incremental steps.
-
-    lean: the static-cache step where it covers the decoder (False: fairseq's incremental
-    path); compiled: the exact pass's static-cache step compiled by ``torch.compile``
-    (``compiled_step``).
-
-    Returns the scores (N, T, V) the loss is computed on, and the per-step scores
-    (T tensors (N, V)) the decisions were taken on in the exact mode (empty list
-    for passes >= 2).
-    """
-    check_arguments(run_scheduled_sampling, passes=passes)
-    if is_sample(mode) and noise_fn is None:
-        raise ValueError(f"mode {mode!r} needs a noise_fn")
-    decoder = model.decoder
-    check_plain_output_layer(decoder)
-    embedding = decoder_embedding(decoder)
-    embed_weight = embedding.weight
-    prev = net_input["prev_output_tokens"]
-    encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input.get("src_lengths"))
-
-    def decide(scores: Tensor) -> Tensor:
-        noise = noise_fn(scores) if noise_fn is not None else None
-        return decision_embedding(scores, embed_weight, mode, alpha, noise)
-
-    if passes == 0 and lean and use_step(decoder, "scheduled sampling"):
-        return _sequential_lean(model, prev, encoder_out, model_fed, decide, compiled)
-    with EmbeddingOverride(embedding) as override:
-        if passes == 0:
-            return _sequential(decoder, prev, encoder_out, model_fed, decide, override)
-        logits, _ = decoder(prev, encoder_out=encoder_out)
-        for _ in range(passes - 1):
-            decided = decide(logits[:, :-1])
-            override.set(model_fed, torch.cat([torch.zeros_like(decided[:, :1]), decided], dim=1))
-            logits, _ = decoder(prev, encoder_out=encoder_out)
-        return logits, []
-
-
-def _sequential_lean(model, prev: Tensor, encoder_out, model_fed: Tensor, decide,
-                     compiled: bool = False) -> Tuple[Tensor, List[Tensor]]:
-    """``_sequential`` with the differentiable static-cache step."""
-    rows = torch.arange(prev.size(0), device=prev.device)
-    step = decoder_step(model, encoder_out, rows, prev.size(1), differentiable=True, compiled=compiled)
-    logits = compiled_logits(step) if compiled else step.logits
-    step_scores: List[Tensor] = []
-    for i in range(prev.size(1)):
-        embeds = replace = None
-        if i > 0 and bool(model_fed[:, i].any()):
-            embeds, replace = decide(step_scores[-1]), model_fed[:, i]
-        step_scores.append(logits(prev[:, i], embeds, replace))
-    return torch.stack(step_scores, dim=1), step_scores
-
-
-def _sequential(decoder, prev: Tensor, encoder_out, model_fed: Tensor, decide, override) -> Tuple[Tensor, List[Tensor]]:
-    incremental_state: Dict = {}
-    step_scores: List[Tensor] = []
-    for i in range(prev.size(1)):
-        override.clear()
-        if i > 0 and bool(model_fed[:, i].any()):
-            override.set(model_fed[:, i : i + 1], decide(step_scores[-1]).unsqueeze(1))
-        logits, _ = decoder(prev[:, : i + 1], encoder_out=encoder_out, incremental_state=incremental_state)
-        step_scores.append(logits[:, -1])
-    return torch.stack(step_scores, dim=1), step_scores
 
 
 def _copy_state(state: Dict) -> Dict:

@@ -53,7 +53,7 @@ from fairseq_ext.runtime.validation import check_options
 from fairseq_ext.core.constraints import at_least
 from fairseq_ext.core.tagging_metrics import conlleval_counts, precision_recall_f1
 from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
-from fairseq_ext.decoding.beam_search import BeamSearchConfig, build_beam_generator
+from fairseq_ext.generators.beam_generator import BeamSearchConfig, build_beam_generator
 from fairseq_ext.tasks.batching import TaskBatching
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from fairseq_ext.decoding.beam_search import BeamSearchConfig, build_beam_generator
+from fairseq_ext.generators.beam_generator import BeamSearchConfig, build_beam_generator
 from fairseq_ext.runtime.validation import check_options
 from fairseq_ext.tasks.batching import TaskBatching
 

@@ -33,7 +33,7 @@ from fairseq import checkpoint_utils
 
 import fairseq_ext  # noqa: F401  (registers the plugin)
 from fairseq_ext.core.token_losses import label_smoothed_nll
-from fairseq_ext.decoding.soft_inputs import run_scheduled_sampling
+from fairseq_ext.decoding.dss_passes import run_scheduled_sampling
 
 
 def pass_result(model, sample, fed, mode, alpha, passes):
