@@ -270,7 +270,7 @@ def test_static_cache_decoding_on_cuda(arch, toy_bin, toy_lm_bin, caplog, monkey
 
     from fairseq_ext.decoding import graphed_step
     from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
-    from fairseq_ext.decoding.transformer_step import decoder_step, unsupported_reason
+    from fairseq_ext.decoding.paths import decoder_step, unsupported_reason
     from fairseq_ext.costs.batch_scorer import BatchScorer
 
     data, task_name, extra = ((toy_bin, "translation", []) if arch in ("transformer", "lstm")

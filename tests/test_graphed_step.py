@@ -22,7 +22,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from fairseq_ext.decoding import graphed_step
 from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates, decode_grouped
-from fairseq_ext.decoding.transformer_step import decoder_step
+from fairseq_ext.decoding.paths import decoder_step
 from fairseq_ext.costs.batch_scorer import BatchScorer
 from test_lean_step import (CONFIGS, _batch, _count_reorders, _eos_biased, _parameter_sets,  # noqa: F401
                             language_model, lstm_language_model, translation)

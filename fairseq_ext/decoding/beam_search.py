@@ -53,7 +53,7 @@ from torch import Tensor
 
 from fairseq_ext.core.beam_relaxation import hard_beam_step, soft_beam_step
 from fairseq_ext.decoding.compiled_step import compiled as compiled_function, compiled_logits
-from fairseq_ext.decoding.transformer_step import decoder_step, use_step
+from fairseq_ext.decoding.paths import decoder_step, use_step
 from fairseq_ext.decoding.soft_inputs import (
     EmbeddingOverride,
     SoftReorder,

@@ -3,7 +3,7 @@ PG and evaluation call.
 
 Greedy and ancestral sampling (temperature, top-k, top-p) of a fairseq
 ``transformer`` / ``transformer_lm`` / ``lstm`` / ``lstm_lm`` run the static-cache step
-(``transformer_step.decoder_step``): one step of few operators for all B x n rows, finished
+(``paths.decoder_step``): one step of few operators for all B x n rows, finished
 rows masked, and dropped from every cache together once at most half of the rows still
 run; on a CUDA device the step is replayed from a CUDA graph (``graphed_step``;
 ``DecodeConfig.cuda_graphs = "off"`` never records).
@@ -29,7 +29,7 @@ from torch import Tensor
 from fairseq_ext.core.constraints import CONSTRAINT, OneOf, ParameterError, above, at_least, check_fields, constraint_of
 from fairseq_ext.core.sampling import choose_tokens, filter_logits
 from fairseq_ext.decoding import graphed_step
-from fairseq_ext.decoding.transformer_step import decoder_step, unsupported_reason, use_step
+from fairseq_ext.decoding.paths import decoder_step, unsupported_reason, use_step
 
 STRATEGIES = ("greedy", "sample", "beam")
 CUDA_GRAPHS = ("auto", "off")

@@ -17,7 +17,7 @@ from fairseq_ext.core.constraints import Rule, check_arguments, declare
 from fairseq_ext.core.relaxations import decision_embedding, gumbel_noise, is_sample
 from fairseq_ext.decoding.compiled_step import compiled_logits
 from fairseq_ext.decoding.soft_inputs import EmbeddingOverride, check_plain_output_layer, decoder_embedding
-from fairseq_ext.decoding.transformer_step import decoder_step, use_step
+from fairseq_ext.decoding.paths import decoder_step, use_step
 
 NoiseFn = Callable[[Tensor], Tensor]
 

@@ -21,7 +21,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_ext.decoding.transformer_step import _DecoderStep, _dropout, _mm
+from fairseq_ext.decoding.step_base import _DecoderStep, _dropout, _mm
 
 
 def lstm_unsupported_reason(decoder) -> Optional[str]:
