@@ -22,11 +22,9 @@ untimed rounds, ``--repeats`` interleaved rounds, median, wall clock. ``--amp``:
 step (CE's too) under ``torch.autocast`` (float16 on CUDA, bfloat16 on the CPU), as
 fairseq's ``--amp`` runs the forward and backward; without a loss scaler, which only
 multiplies. ``--compare-decoding``: each row that decodes (dss, the soft beam, mrt, pg, mgs) is also
-measured with fairseq's incremental decoding (``DecodeConfig.lean = False``; MGS's
-candidates then one at a time; DSS and the soft beam: the criterion's ``lean = False``),
-the path the static-cache step replaced, in the same run; on a CUDA device also mrt,
-pg and mgs with eager steps (``cuda_graphs = "off"``: the step not replayed from a CUDA
-graph). ``--compile``: also ``dss soft-argmax, compiled step`` (``--dss-compile on``: the exact
+measured with fairseq's incremental decoding (the criterion built with ``--decoding-path
+fairseq``; MGS's candidates then one at a time), the path the static-cache step replaced,
+in the same run. ``--compile``: also ``dss soft-argmax, compiled step`` (``--dss-compile on``: the exact
 pass's step compiled by torch.compile) and ``soft_beam_direct_loss k=3, compiled steps``
 (``--soft-beam-compile on``: the search's decoder step and soft beam step compiled); their
 compiling, minutes on a small CPU, happens in the warm-up rounds, and their operator counts
@@ -46,7 +44,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 for _name in ("fairseq", "fairseq_cli", "filelock"):  # filelock: inductor's cache, with --compile
     logging.getLogger(_name).setLevel(logging.WARNING)
 
-import dataclasses
 
 import torch
 from fairseq import options, utils
@@ -81,31 +78,28 @@ def build(data: str, quick: bool, device: torch.device, size: str = "small", mod
     else:
         arch = [] if quick else (IWSLT if size == "iwslt" else timing.TRANSFORMER)
     task, model, _ = tiny_models.build_task_and_model(data, "translation", model_arch, arch + ["--dropout", "0.1"])
-    crits = {}
-    for row, extra in ROWS.items():
-        argv = [data, "--task", "translation", "--user-dir", os.path.join(REPO, "fairseq_ext")]
-        args = options.parse_args_and_arch(options.get_training_parser(), argv + tiny_models.TINY_ARCHS[model_arch] + extra)
-        crits[row] = task.build_criterion(args)
+    crits = {row: criterion(data, task, row, model_arch) for row in ROWS}
     return task, model.to(device).train(), crits
+
+
+def criterion(data: str, task, row: str, model_arch: str, extra=()):
+    """The criterion of ``row``, built by fairseq from its command line (and ``extra``)."""
+    argv = [data, "--task", "translation", "--user-dir", os.path.join(REPO, "fairseq_ext")]
+    args = options.parse_args_and_arch(options.get_training_parser(),
+                                       argv + tiny_models.TINY_ARCHS[model_arch] + ROWS[row] + list(extra))
+    return task.build_criterion(args)
 
 
 DECODING_ROWS = ("dss soft-argmax", "soft_beam_direct_loss k=3", "soft_beam_hinge k=3", "mrt 4 samples",
                  "pg 4 samples", "mgs K=4")
 
 
-def fairseq_decoding(criterion):
-    """A copy of ``criterion`` that decodes through fairseq's incremental path
-    (``DecodeConfig.lean = False``, or the criterion's ``lean = False``), MGS's one candidate
-    at a time."""
-    other = _with_decoding(criterion, lean=False)
-    if not hasattr(criterion, "decode_cfg"):
-        other.lean = False
-    if hasattr(other, "batched"):
-        other.batched = False
-    return other
+def fairseq_decoding(data: str, task, row: str, model_arch: str):
+    """The criterion of ``row`` built with ``--decoding-path fairseq`` (MGS: its candidates
+    then one at a time, as it says in the log)."""
+    return criterion(data, task, row, model_arch, ["--decoding-path", "fairseq"])
 
 
-GRAPHED_ROWS = ("mrt 4 samples", "pg 4 samples", "mgs K=4")  # candidate decoding: the step replayed on CUDA
 
 
 COMPILED_ROWS = {"dss soft-argmax": "dss soft-argmax, compiled step",
@@ -117,21 +111,6 @@ def compiled_step(criterion):
     ``--soft-beam-compile on``)."""
     other = copy.copy(criterion)
     other.compiled = True
-    return other
-
-
-def eager_steps(criterion):
-    """A copy of ``criterion`` whose candidate decoding never replays the step from a CUDA graph."""
-    return _with_decoding(criterion, cuda_graphs="off")
-
-
-def _with_decoding(criterion, **changes):
-    """A copy of ``criterion`` whose decoding configurations (``decode_cfg``, MGS's validation
-    ``greedy_cfg``) have ``changes``."""
-    other = copy.copy(criterion)
-    for name in ("decode_cfg", "greedy_cfg"):
-        if hasattr(criterion, name):
-            setattr(other, name, dataclasses.replace(getattr(criterion, name), **changes))
     return other
 
 
@@ -162,10 +141,7 @@ def bench(args, device: torch.device) -> List[Dict]:
         if args.compare_decoding:
             for row in DECODING_ROWS:
                 fns[f"{row}, fairseq decoding"] = (lambda c: lambda: step(model, sample, c, autocast))(
-                    fairseq_decoding(crits[row]))
-            for row in GRAPHED_ROWS if device.type == "cuda" else ():
-                fns[f"{row}, eager steps"] = (lambda c: lambda: step(model, sample, c, autocast))(
-                    eager_steps(crits[row]))
+                    fairseq_decoding(data, task, row, args.arch))
         for row, name in COMPILED_ROWS.items() if args.compile else ():
             fns[name] = (lambda c: lambda: step(model, sample, c, autocast))(compiled_step(crits[row]))
         ms, _ = timing.interleaved(fns, args.warmup, args.repeats, device)
@@ -189,8 +165,8 @@ def main(argv=None) -> None:
     parser.add_argument("--arch", choices=["transformer", "lstm"], default="transformer",
                         help="lstm: fairseq's lstm, 1+1 layers of 256 units (the thesis's MT size; --size small only)")
     parser.add_argument("--compare-decoding", action="store_true",
-                        help="also measure the rows that decode with fairseq's incremental decoding, and (CUDA) "
-                             "mrt, pg and mgs without CUDA graphs, in the same run")
+                        help="also measure the rows that decode with fairseq's incremental decoding "
+                             "(--decoding-path fairseq), in the same run")
     parser.add_argument("--compile", action="store_true",
                         help="also measure dss and the soft beam's direct loss with their steps compiled by "
                              "torch.compile (--dss-compile on, --soft-beam-compile on; minutes of compiling in the "

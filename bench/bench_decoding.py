@@ -1,6 +1,6 @@
 """Candidate decoding speed (and GPU memory): ``decode_candidates`` (the static-cache
 step where the model allows it), the same with fairseq's incremental decoding
-(``DecodeConfig.lean = False``), and fairseq's ``SequenceGenerator``, all measured in
+(``DecodeConfig.path = "fairseq"``), and fairseq's ``SequenceGenerator``, all measured in
 the same run on the same models and batches.
 
 Run: ``.venv/bin/python bench/bench_decoding.py`` (about 2 minutes on one CPU core;
@@ -38,13 +38,10 @@ Settings, for every model, regime and batch size B (``--batch-sizes``: decoded r
 
 For the language model both decoders get the prompt as ``prefix_tokens`` (the
 SequenceGenerator limit is L + prompt length, so both generate at most L new tokens).
-"incremental" is ``decode_candidates`` with ``lean=False``: the path the static-cache
+"incremental" is ``decode_candidates`` with ``path="fairseq"``: the path the static-cache
 steps replaced (``TransformerStep``, the ``lstm``'s ``LSTMStep``); its tokens are
 compared with ours ("= inc": the same tokens, also when sampling, since both draw the
-same random numbers for the same rows). On a CUDA device ours replays its step from a
-CUDA graph (``DecodeConfig.cuda_graphs``, docs/decoding.md); "eager" is ours with
-``cuda_graphs="off"``, measured in the same run ("eager/ours": what the graph saves;
-"= eager": the same tokens). tok/s: generated tokens (EOS included) per second of ours.
+same random numbers for the same rows). tok/s: generated tokens (EOS included) per second of ours.
 Timing: ``time.perf_counter`` around one call, ``--warmup`` untimed calls then
 ``--repeats`` timed ones, the three decoders interleaved (alternating the order),
 the median reported; ``torch.set_num_threads(--threads)``, eval mode, ``no_grad``.
@@ -201,9 +198,7 @@ def bench_setting(model, tgt_dict, sample, prefix, strategy: str, max_len: int, 
         sg = SequenceGenerator([model], tgt_dict, beam_size=NUM_SAMPLES, max_len_a=0, max_len_b=max_len + k,
                                search_strategy=search.Sampling(tgt_dict, sampling_topk=SAMPLE_TOPK))
     gen = torch.Generator(device=device)
-    inc_cfg = dataclasses.replace(cfg, lean=False)
-    eager_cfg = dataclasses.replace(cfg, cuda_graphs="off")
-    graphs = device.type == "cuda"
+    inc_cfg = dataclasses.replace(cfg, path="fairseq")
 
     def ours():
         gen.manual_seed(args.seed)
@@ -213,26 +208,21 @@ def bench_setting(model, tgt_dict, sample, prefix, strategy: str, max_len: int, 
         gen.manual_seed(args.seed)
         return decode_candidates(model, sample, inc_cfg, prefix_tokens=prefix, generator=gen)
 
-    def eager():
-        gen.manual_seed(args.seed)
-        return decode_candidates(model, sample, eager_cfg, prefix_tokens=prefix, generator=gen)
-
     def theirs():
         torch.manual_seed(args.seed)
         with torch.no_grad():
             return sg.generate([model], sample, prefix_tokens=prefix)
 
-    fns = {"ours": ours, "inc": incremental, "sg": theirs, **({"eager": eager} if graphs else {})}
+    fns = {"ours": ours, "inc": incremental, "sg": theirs}
     ms, out = timing.interleaved(fns, args.warmup, args.repeats, device)
     cand, rows = out["ours"], sg_rows(out["sg"], k, max_len, eos)
     same_as_inc = torch.equal(cand.tokens, out["inc"].tokens) and torch.equal(cand.lengths, out["inc"].lengths)
     tok_per_s = float(cand.lengths.sum()) / (ms["ours"] / 1000)
     n_ours, n_sg = cand.tokens.size(0), len(rows)
     mismatched = greedy_mismatches(cand, rows, eos) if strategy == "greedy" else (0, 0)
-    ours_ms, inc_ms, sg_ms, eager_ms = ms["ours"], ms["inc"], ms["sg"], ms.get("eager")
+    ours_ms, inc_ms, sg_ms = ms["ours"], ms["inc"], ms["sg"]
     if strategy == "sample":  # per returned candidate
         ours_ms, inc_ms, sg_ms = ours_ms / n_ours, inc_ms / n_ours, sg_ms / n_sg
-        eager_ms = eager_ms / n_ours if eager_ms is not None else None
     mem_ours, mem_sg = timing.peak_mib(ours, device), timing.peak_mib(theirs, device)
     return {
         "strategy": strategy,
@@ -241,9 +231,6 @@ def bench_setting(model, tgt_dict, sample, prefix, strategy: str, max_len: int, 
         "sg_ms": sg_ms,
         "speedup": sg_ms / ours_ms,
         "speedup_vs_incremental": inc_ms / ours_ms,
-        "eager_ms": eager_ms,
-        "speedup_vs_eager": eager_ms / ours_ms if eager_ms is not None else None,
-        "same_as_eager": (torch.equal(cand.tokens, out["eager"].tokens) if graphs else None),
         "same_as_incremental": same_as_inc,
         "tok_per_s": tok_per_s,
         "ms_unit": "per batch" if strategy == "greedy" else "per candidate",
@@ -281,9 +268,6 @@ def bench_model(arch: str, task, model, args, device: torch.device) -> List[Dict
 def format_table(rows: List[Dict], device: torch.device) -> str:
     head = ["model", "regime", "decoding", "inputs x n", "ours ms", "inc ms", "inc/ours", "= inc", "SG ms", "SG/ours",
             "ours tok/s", "identical", "mean len ours/SG", "EOS % ours/SG", "peak MiB ours/SG (SG/ours)"]
-    graphs = device.type == "cuda"
-    if graphs:
-        head[7:7] = ["eager/ours", "= eager"]
     lines = []
     for r in rows:
         mem = "n/a on CPU" if device.type != "cuda" else (
@@ -299,8 +283,6 @@ def format_table(rows: List[Dict], device: torch.device) -> str:
                       "yes" if r["same_as_incremental"] else "no", f"{r['sg_ms']:.2f}",
                       f"{r['speedup']:.2f}x", f"{r['tok_per_s']:.0f}", ident, "{:.1f}/{:.1f}".format(*r["mean_len"]),
                       "{:.0f}/{:.0f}".format(*(100 * x for x in r["eos_frac"])), mem])
-        if graphs:
-            lines[-1][7:7] = [f"{r['speedup_vs_eager']:.2f}x", "yes" if r["same_as_eager"] else "no"]
     widths = [max(len(x) for x in col) for col in zip(head, *lines)]
     fmt = "  ".join("{:<%d}" % w for w in widths)
     sep = "  ".join("-" * w for w in widths)
@@ -343,7 +325,7 @@ def main(argv=None) -> None:
     print()
     print("max-len: untrained weights, rows rarely emit EOS (worst case). early-stop: EOS logit from a linear\n"
           "probe of the step, so rows end at different steps (greedy mean ~L/2). inputs x n: sources x candidates\n"
-          "each. ms: greedy per batch, sample per candidate. inc: fairseq's incremental path (lean=False); = inc:\n"
+          "each. ms: greedy per batch, sample per candidate. inc: fairseq's incremental path (path='fairseq'); = inc:\n"
           "the same tokens as it. SG/ours > 1: ours faster. identical: greedy tokens equal to SequenceGenerator's\n"
           "row by row; 'EOS-only': mismatched rows where ours is EOS alone (both use min_len=1).")
     if device.type != "cuda":

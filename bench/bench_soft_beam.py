@@ -14,7 +14,7 @@ Rows, each a forward and backward: ``ce`` (fairseq's ``cross_entropy``; ratio 1)
 ``soft beam k=3`` / ``k=5`` (our criterion, alpha 1, Hamming costs). The thesis
 expects about k times a CE step (section 4.3.3). ``--compare-decoding``: the
 transformer's soft beam rows also on fairseq's incremental path (the criterion's
-``lean = False``; the transformer otherwise runs the static-cache step), in the same run.
+``--decoding-path fairseq``; the transformer otherwise runs the static-cache step), in the same run.
 
 Time: ``--warmup`` untimed rounds, ``--repeats`` interleaved rounds, median, wall
 clock. Memory (CPU): each row runs in a fresh child process, one untimed step, then
@@ -75,8 +75,8 @@ def criteria(task, name: str, compare: bool = False) -> Dict[str, object]:
         out[f"soft beam k={k}"] = SoftBeamDirectLossCriterion(task, soft_beam_size=k)
     if compare and name == "transformer":  # the tagger's LSTM has only fairseq's path
         for k in BEAMS:
-            out[f"soft beam k={k}, fairseq decoding"] = crit = SoftBeamDirectLossCriterion(task, soft_beam_size=k)
-            crit.lean = False
+            out[f"soft beam k={k}, fairseq decoding"] = SoftBeamDirectLossCriterion(task, soft_beam_size=k,
+                                                                                     decoding_path="fairseq")
     return out
 
 

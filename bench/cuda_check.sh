@@ -19,7 +19,9 @@ directory (it works in the checkout that holds it, which comes first on PYTHONPA
      bench_criteria (with --compare-decoding --op-counts), bench_criteria_iwslt (bench_criteria.py
      --size iwslt --compare-decoding: transformer_iwslt_de_en's shape, 4,096-token batches),
      bench_criteria_lstm (bench_criteria.py --arch lstm --compare-decoding --op-counts: the lstm's
-     step), bench_criteria_amp (bench_criteria.py --amp), bench_dss, bench_soft_beam,
+     step), bench_criteria_amp (bench_criteria.py --amp), bench_criteria_compile (bench_criteria.py
+     --compile --op-counts: DSS's and the soft beam's steps compiled by torch.compile, the
+     experimental option off by default), bench_dss, bench_soft_beam,
      bench_mgs, bench_mh, bench_decoding (not bench_residual.py: it times the CPU only)
                                                                 -> OUT_DIR/NAME.log, NAME.json
   3. OUT_DIR/report.md: torch / CUDA / GPU versions, the tests' pass / fail / skip counts and
@@ -47,7 +49,7 @@ EOF
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-$(command -v python3 || command -v python || echo python3)}
-ALL_BENCHES="bench_criteria bench_criteria_iwslt bench_criteria_lstm bench_criteria_amp bench_dss bench_soft_beam bench_mgs bench_mh bench_decoding"
+ALL_BENCHES="bench_criteria bench_criteria_iwslt bench_criteria_lstm bench_criteria_amp bench_criteria_compile bench_dss bench_soft_beam bench_mgs bench_mh bench_decoding"
 BENCHES=$ALL_BENCHES
 KEXPR="" TESTS=1 QUICK="" WORKERS="" TEST_TIMEOUT=300 BENCH_TIMEOUT=1800 REPORT_ONLY=0 OUT=""
 die() { echo "cuda_check.sh: $*" >&2; exit 2; }
@@ -235,6 +237,7 @@ for b in $BENCHES; do
   [ "$b" != bench_criteria ] || extra+=(--compare-decoding --op-counts)
   [ "$b" != bench_criteria_iwslt ] || { script=bench/bench_criteria.py; extra+=(--size iwslt --compare-decoding); }
   [ "$b" != bench_criteria_lstm ] || { script=bench/bench_criteria.py; extra+=(--arch lstm --compare-decoding --op-counts); }
+  [ "$b" != bench_criteria_compile ] || { script=bench/bench_criteria.py; extra+=(--compile --op-counts); }
   [ -z "$QUICK" ] || extra+=("$QUICK")
   echo "==> $b: $PY $script --device cuda ${extra[*]:-} --json $OUT/$b.json"
   t0=$SECONDS

@@ -120,16 +120,15 @@ def _with_specials(prev, d):
     return prev
 
 
-def _stepwise(model, encoder_out, prev, capturable=False):
-    step = decoder_step(model, encoder_out, torch.arange(prev.size(0)), prev.size(1), capturable=capturable)
+PATH = {True: "static-cache", False: "fairseq"}  # DecodeConfig.path, --decoding-path
+
+def _stepwise(model, encoder_out, prev):
+    step = decoder_step(model, encoder_out, torch.arange(prev.size(0)), prev.size(1))
     return torch.stack([step.logits(prev[:, t]) for t in range(prev.size(1))], 1)
 
 
-@pytest.mark.parametrize("capturable", [False, True], ids=["", "capturable"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
-def test_step_equals_the_full_forward_of_a_translation_model(translation, softmax_in_dtype, dtype, tol, capturable):
-    """Also the capturable step (position a tensor, caches written by index_copy_, the
-    attention over every position with those not yet fed masked; states in place)."""
+def test_step_equals_the_full_forward_of_a_translation_model(translation, softmax_in_dtype, dtype, tol):
     task, model = translation
     assert unsupported_reason(model.decoder) is None
     model = model.to(dtype)
@@ -140,7 +139,7 @@ def test_step_equals_the_full_forward_of_a_translation_model(translation, softma
             with torch.no_grad():
                 enc = model.encoder.forward_torchscript(sample["net_input"])
                 full = model.decoder(prev, encoder_out=enc)[0]
-                lean = _stepwise(model, enc, prev, capturable)
+                lean = _stepwise(model, enc, prev)
             real = prev.ne(d.pad())  # outputs at <pad> positions are not used by anything
             assert (lean - full)[real].abs().max().item() < tol
             assert full.abs().max().item() > 1
@@ -148,12 +147,10 @@ def test_step_equals_the_full_forward_of_a_translation_model(translation, softma
         model.float()
 
 
-@pytest.mark.parametrize("capturable", [False, True], ids=["", "capturable"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("which", ["transformer_lm", "lstm_lm"])
 def test_step_equals_the_full_forward_of_a_language_model_after_a_prefix(language_model, lstm_language_model,
-                                                                         softmax_in_dtype, which, dtype, tol,
-                                                                         capturable):
+                                                                         softmax_in_dtype, which, dtype, tol):
     task, model = language_model if which == "transformer_lm" else lstm_language_model
     assert unsupported_reason(model.decoder) is None
     assert which == "transformer_lm" or (model.decoder.residuals and model.decoder.num_layers == 2)
@@ -166,7 +163,7 @@ def test_step_equals_the_full_forward_of_a_language_model_after_a_prefix(languag
         for p in (prev, _with_specials(prev, d)):
             with torch.no_grad():
                 full = model.decoder(p)[0]
-                lean = _stepwise(model, None, p, capturable)
+                lean = _stepwise(model, None, p)
             real = p.ne(d.pad())
             assert (lean - full)[real].abs().max().item() < tol
     finally:
@@ -203,7 +200,7 @@ def _decode_both(task, model, cfg):
     sample = _batch(task, 12)
     scorer = BatchScorer(task, "edit")
     batch, prefix = scorer.decode_inputs(sample, task.target_dictionary)
-    out = [decode_candidates(model, batch, DecodeConfig(lean=lean, max_len_b=12, **cfg), prefix_tokens=prefix,
+    out = [decode_candidates(model, batch, DecodeConfig(path=PATH[lean], max_len_b=12, **cfg), prefix_tokens=prefix,
                              generator=torch.Generator().manual_seed(3)) for lean in (True, False)]
     return batch, prefix, out
 
@@ -300,9 +297,9 @@ def test_samples_and_greedy_in_one_decode_equal_two_decodes_on_fairseqs_path(tra
     cfg = dict(strategy="sample", num_candidates=3, topk=5, max_len_b=12)
     cand, greedy = decode_with_greedy(model, batch, DecodeConfig(**cfg), prefix_tokens=prefix,
                                       generator=torch.Generator().manual_seed(3))
-    ref = decode_candidates(model, batch, DecodeConfig(lean=False, **cfg), prefix_tokens=prefix,
+    ref = decode_candidates(model, batch, DecodeConfig(path="fairseq", **cfg), prefix_tokens=prefix,
                             generator=torch.Generator().manual_seed(3))
-    ref_greedy = decode_candidates(model, batch, DecodeConfig(lean=False, max_len_b=12), prefix_tokens=prefix)
+    ref_greedy = decode_candidates(model, batch, DecodeConfig(path="fairseq", max_len_b=12), prefix_tokens=prefix)
     for got, want in ((cand, ref), (greedy, ref_greedy)):
         assert got.num_per_input == want.num_per_input
         assert torch.equal(got.tokens, want.tokens) and torch.equal(got.lengths, want.lengths)
@@ -418,7 +415,7 @@ def test_grouped_decode_equals_each_sets_decode_on_fairseqs_path(translation, la
                              generators=gens)
         assert len(got) == 4
         for cand, m in zip(got, models):
-            want = decode_candidates(m, batch, DecodeConfig(lean=False, max_len_b=12, **cfg), prefix_tokens=prefix,
+            want = decode_candidates(m, batch, DecodeConfig(path="fairseq", max_len_b=12, **cfg), prefix_tokens=prefix,
                                      generator=torch.Generator().manual_seed(7))
             assert torch.equal(cand.tokens, want.tokens) and torch.equal(cand.lengths, want.lengths)
             assert torch.equal(cand.finished, want.finished)
@@ -461,7 +458,7 @@ def test_scheduled_sampling_pass_equals_fairseqs_incremental_pass(translation, s
         torch.manual_seed(0)
         model.zero_grad(set_to_none=True)
         noise = make_noise_fn(mode, torch.Generator().manual_seed(5))
-        logits, steps = run_scheduled_sampling(model, sample["net_input"], fed, mode, 2.0, noise_fn=noise, lean=lean)
+        logits, steps = run_scheduled_sampling(model, sample["net_input"], fed, mode, 2.0, noise_fn=noise, path=PATH[lean])
         lprobs = torch.log_softmax(logits, -1).gather(-1, sample["target"].unsqueeze(-1)).squeeze(-1)
         (-(lprobs * real).sum()).backward()
         out.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
@@ -502,7 +499,7 @@ def test_beam_search_equals_its_search_on_fairseqs_path(translation, softmax_in_
             torch.manual_seed(0)
             model.zero_grad(set_to_none=True)
             result = run_beam(model, sample["net_input"], horizon, 3, alpha=10.0, step_costs=costs, hard=hard,
-                              stop_at_eos=open_length, dropout=dropout, lean=lean)
+                              stop_at_eos=open_length, dropout=dropout, path=PATH[lean])
             soft_beam_loss(result.scores, result.costs, 10.0).sum().backward()
             out.append((result, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
         (lean_result, lean_grads), (ref_result, ref_grads) = out
@@ -547,7 +544,7 @@ def test_scheduled_sampling_pass_under_autocast_is_as_close_to_float32_as_fairse
     for lean, amp in ((True, True), (False, True), (False, False)):
         model.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-            logits, _ = run_scheduled_sampling(model, sample["net_input"], fed, "soft-argmax", 2.0, lean=lean)
+            logits, _ = run_scheduled_sampling(model, sample["net_input"], fed, "soft-argmax", 2.0, path=PATH[lean])
             lprobs = torch.log_softmax(logits.float(), -1).gather(-1, sample["target"].unsqueeze(-1)).squeeze(-1)
         (-(lprobs * real).sum()).backward()
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}

@@ -14,15 +14,16 @@ import torch
 from conftest import REPO, run_cli_batch
 from fairseq_ext.options import plugin_components  # the package import registers them
 
-# The prefix of each plugin component's own options (the naming rule itself).
+# The prefix of each plugin component's own options (the naming rule itself); the decoding criteria
+# share --decoding-path (decoding/paths.py).
 PREFIXES = {
-    ("criterion", "mgs"): ("mgs-",),
-    ("criterion", "mrt"): ("mrt-",),
-    ("criterion", "pg"): ("pg-",),
-    ("criterion", "differentiable_scheduled_sampling"): ("dss-",),
+    ("criterion", "mgs"): ("mgs-", "decoding-"),
+    ("criterion", "mrt"): ("mrt-", "decoding-"),
+    ("criterion", "pg"): ("pg-", "decoding-"),
+    ("criterion", "differentiable_scheduled_sampling"): ("dss-", "decoding-"),
     ("criterion", "self_normalized_ce"): ("self-norm-",),
-    ("criterion", "soft_beam_direct_loss"): ("soft-beam-",),
-    ("criterion", "soft_beam_hinge"): ("soft-beam-",),
+    ("criterion", "soft_beam_direct_loss"): ("soft-beam-", "decoding-"),
+    ("criterion", "soft_beam_hinge"): ("soft-beam-", "decoding-"),
     ("criterion", "residual_nce"): ("nce-",),
     ("task", "text_completion"): ("completion-",),
     ("task", "residual_lm"): ("residual-",),

@@ -35,7 +35,7 @@ class CandidateRiskCriterion(FairseqCriterion):
         check_model_at_start(task, lambda model: check_candidate_model(task, model, name))
         self.scorer = scorer
         self.decode_cfg = decode_cfg
-        self.greedy_cfg = DecodeConfig(max_len_ref_ratio=decode_cfg.max_len_ref_ratio, cuda_graphs=decode_cfg.cuda_graphs)
+        self.greedy_cfg = DecodeConfig(max_len_ref_ratio=decode_cfg.max_len_ref_ratio, path=decode_cfg.path)
         self.mle_weight = mle_weight
 
     def configure_from_training(self, cfg) -> None:

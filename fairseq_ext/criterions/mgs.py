@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 from fairseq import metrics, utils
 from fairseq.criterions import FairseqCriterion, register_criterion
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 from omegaconf import II
 
 from fairseq_ext.runtime.cli import ConfigError
@@ -42,8 +42,9 @@ from fairseq_ext.core.parameter_search import clip_grad_, mgs_weights, mix_seed,
 from fairseq_ext.runtime.clock import TrainingClock, check_model_at_start
 from fairseq_ext.runtime.distributed import all_reduce_sum_, pooled_mean, pooled_means, unwrap
 from fairseq_ext.runtime.validation import check_options
-from fairseq_ext.decoding.candidates import (CUDA_GRAPHS, CUDA_GRAPHS_HELP, STRATEGIES, DecodeConfig, ParameterSets,
+from fairseq_ext.decoding.candidates import (STRATEGIES, DecodeConfig, ParameterSets,
                                              grouped_reason)
+from fairseq_ext.decoding.paths import DecodingPathConfig
 from fairseq_ext.costs.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.tasks.text_completion import TextCompletionTask
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
@@ -63,7 +64,7 @@ def default_alpha(task) -> float:
 
 
 @dataclass
-class MGSConfig(FairseqDataclass):
+class MGSConfig(DecodingPathConfig):
     mgs_candidates: int = field(default=4, metadata={"help": "K, candidate directions per update",
                                                      "parameter": (ProposalConfig, "num_candidates")})
     mgs_mixture: float = field(default=0.5, metadata={"help": "pi, probability of the zero-mean component (eq. 4)",
@@ -123,8 +124,6 @@ class MGSConfig(FairseqDataclass):
                           "sequential, said once in the log); sequential: one candidate after another, the "
                           "parameters perturbed in place (one extra copy)"},
     )
-    mgs_cuda_graphs: ChoiceEnum(CUDA_GRAPHS) = field(default="auto", metadata={
-        "help": CUDA_GRAPHS_HELP, "parameter": (DecodeConfig, "cuda_graphs")})
     seed: int = II("common.seed")
 
 
@@ -134,7 +133,8 @@ class MGSCriterion(FairseqCriterion):
                  mgs_noise=1.0, mgs_noise_scale="per_tensor", mgs_importance="unit", mgs_alpha=None,
                  mgs_task_loss="sbleu", mgs_decoder="greedy", mgs_beam=4, mgs_max_len_ratio=1.3, mgs_mle_clip=1.0,
                  mgs_direction_clip=1.0, mgs_score_model=None, mgs_post_process="auto",
-                 mgs_candidate_evaluation="batched", mgs_cuda_graphs="auto", seed=1):
+                 mgs_candidate_evaluation="batched", decoding_path="static-cache",
+                 seed=1):
         super().__init__(task)
         check_options(MGSConfig, locals())
         if mgs_score_model and not os.path.isfile(mgs_score_model):
@@ -155,8 +155,8 @@ class MGSCriterion(FairseqCriterion):
         decoder = str(mgs_decoder)
         self.decode_cfg = DecodeConfig(
             strategy=decoder, beam_size=mgs_beam if decoder == "beam" else None, max_len_ref_ratio=mgs_max_len_ratio,
-            cuda_graphs=str(mgs_cuda_graphs))
-        self.greedy_cfg = DecodeConfig(max_len_ref_ratio=mgs_max_len_ratio, cuda_graphs=str(mgs_cuda_graphs))
+            path=str(decoding_path))
+        self.greedy_cfg = DecodeConfig(max_len_ref_ratio=mgs_max_len_ratio, path=str(decoding_path))
         self.batched = str(mgs_candidate_evaluation) == "batched"
         self._stack = None  # (key, the (K + 1, P) buffer, its per-parameter views), kept between updates
         self.seed = seed

@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 
 import torch
 from fairseq.criterions import register_criterion
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 
 from fairseq_ext.core.constraints import above, at_least
 from fairseq_ext.core.risk import distinct_mask, mrt_distribution, mrt_risk, normalize_costs, scale_gradient
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
-from fairseq_ext.decoding.candidates import CUDA_GRAPHS, CUDA_GRAPHS_HELP, STRATEGIES, DecodeConfig, pad_columns
+from fairseq_ext.decoding.candidates import STRATEGIES, DecodeConfig, pad_columns
+from fairseq_ext.decoding.paths import DecodingPathConfig
 from fairseq_ext.costs.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
 from fairseq_ext.costs.batch_scorer import TASK_LOSS_HELP, BatchScorer
@@ -25,7 +26,7 @@ from fairseq_ext.runtime.validation import check_options
 
 
 @dataclass
-class MRTConfig(FairseqDataclass):
+class MRTConfig(DecodingPathConfig):
     mrt_candidates: int = field(default=8, metadata={"help": "S, candidates drawn per input (repeats count once)",
                                                      "parameter": (DecodeConfig, "num_candidates")})
     mrt_decoder: ChoiceEnum([s for s in STRATEGIES if s != "greedy"]) = field(
@@ -54,8 +55,6 @@ class MRTConfig(FairseqDataclass):
     mrt_max_len_ratio: float = field(default=1.3, metadata={"help": "max length: ratio x longest reference",
                                                             "parameter": (DecodeConfig, "max_len_ref_ratio")})
     mrt_post_process: str = field(default="auto", metadata={"help": POST_PROCESS_HELP})
-    mrt_cuda_graphs: ChoiceEnum(CUDA_GRAPHS) = field(default="auto", metadata={
-        "help": CUDA_GRAPHS_HELP, "parameter": (DecodeConfig, "cuda_graphs")})
 
 
 @register_criterion("mrt", dataclass=MRTConfig)
@@ -65,11 +64,11 @@ class MRTCriterion(CandidateRiskCriterion):
     def __init__(self, task, mrt_candidates=8, mrt_decoder="sample", mrt_topk=0, mrt_alpha=0.005,
                  mrt_include_reference=False, mrt_length_normalize=False, mrt_normalize_costs=False,
                  mrt_mle_weight=0.1, mrt_task_loss="sbleu", mrt_max_len_ratio=1.3, mrt_post_process="auto",
-                 mrt_cuda_graphs="auto"):
+                 decoding_path="static-cache"):
         check_options(MRTConfig, locals())
         scorer = BatchScorer(task, mrt_task_loss, post_process=mrt_post_process, criterion="mrt")
         decode_cfg = DecodeConfig(strategy=str(mrt_decoder), num_candidates=mrt_candidates, topk=mrt_topk,
-                                  max_len_ref_ratio=mrt_max_len_ratio, cuda_graphs=str(mrt_cuda_graphs))
+                                  max_len_ref_ratio=mrt_max_len_ratio, path=str(decoding_path))
         super().__init__(task, "mrt", scorer, decode_cfg, mrt_mle_weight)
         self.alpha = mrt_alpha
         self.include_reference = mrt_include_reference

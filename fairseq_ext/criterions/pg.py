@@ -14,14 +14,15 @@ from typing import Dict
 
 import torch
 from fairseq.criterions import register_criterion
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import at_least
 from fairseq_ext.core.risk import MovingAverageBaseline, leave_one_out_baseline, reinforce_loss
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
 from fairseq_ext.runtime.distributed import pooled_mean
-from fairseq_ext.decoding.candidates import CUDA_GRAPHS, CUDA_GRAPHS_HELP, DecodeConfig
+from fairseq_ext.decoding.candidates import DecodeConfig
+from fairseq_ext.decoding.paths import DecodingPathConfig
 from fairseq_ext.costs.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
 from fairseq_ext.costs.batch_scorer import TASK_LOSS_HELP, BatchScorer
@@ -29,7 +30,7 @@ from fairseq_ext.runtime.validation import check_options
 
 
 @dataclass
-class PGConfig(FairseqDataclass):
+class PGConfig(DecodingPathConfig):
     pg_samples: int = field(default=4, metadata={"help": "samples per input",
                                                  "parameter": (DecodeConfig, "num_candidates")})
     pg_topk: int = field(default=0, metadata={"help": "top-k for sampling (0: full distribution, unbiased)",
@@ -49,8 +50,6 @@ class PGConfig(FairseqDataclass):
     pg_max_len_ratio: float = field(default=1.3, metadata={"help": "max length: ratio x longest reference",
                                                            "parameter": (DecodeConfig, "max_len_ref_ratio")})
     pg_post_process: str = field(default="auto", metadata={"help": POST_PROCESS_HELP})
-    pg_cuda_graphs: ChoiceEnum(CUDA_GRAPHS) = field(default="auto", metadata={
-        "help": CUDA_GRAPHS_HELP, "parameter": (DecodeConfig, "cuda_graphs")})
 
 
 @register_criterion("pg", dataclass=PGConfig)
@@ -59,13 +58,13 @@ class PGCriterion(CandidateRiskCriterion):
 
     def __init__(self, task, pg_samples=4, pg_topk=0, pg_baseline="loo", pg_baseline_decay=0.9,
                  pg_mle_weight=0.1, pg_task_loss="sbleu", pg_max_len_ratio=1.3, pg_post_process="auto",
-                 pg_cuda_graphs="auto"):
+                 decoding_path="static-cache"):
         check_options(PGConfig, locals())
         if str(pg_baseline) == "loo" and pg_samples < 2:
             raise ConfigError(f"--pg-baseline loo needs --pg-samples >= 2 (the other samples), got {pg_samples}")
         scorer = BatchScorer(task, pg_task_loss, post_process=pg_post_process, criterion="pg")
         decode_cfg = DecodeConfig(strategy="sample", num_candidates=pg_samples, topk=pg_topk,
-                                  max_len_ref_ratio=pg_max_len_ratio, cuda_graphs=str(pg_cuda_graphs))
+                                  max_len_ref_ratio=pg_max_len_ratio, path=str(decoding_path))
         super().__init__(task, "pg", scorer, decode_cfg, pg_mle_weight)
         self.baseline_kind = str(pg_baseline)
         self.moving = MovingAverageBaseline(pg_baseline_decay)

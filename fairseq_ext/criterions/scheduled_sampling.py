@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from fairseq import metrics, utils
 from fairseq.criterions import FairseqCriterion, register_criterion
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 from omegaconf import II
 
 from fairseq_ext.runtime.cli import ConfigError
@@ -37,11 +37,12 @@ from fairseq_ext.runtime.clock import UNITS, TrainingClock, check_model_at_start
 from fairseq_ext.runtime.distributed import forward_in_wrapper
 from fairseq_ext.decoding.soft_inputs import check_step_decodable
 from fairseq_ext.decoding.dss_passes import make_noise_fn, run_scheduled_sampling
+from fairseq_ext.decoding.paths import DecodingPathConfig
 from fairseq_ext.runtime.validation import as_options, check_options
 
 
 @dataclass
-class DSSConfig(FairseqDataclass):
+class DSSConfig(DecodingPathConfig):
     dss_mode: ChoiceEnum(DECISION_MODES) = field(
         default="soft-sample",
         metadata={"help": "what a model-fed position receives: soft-argmax / soft-sample (the relaxations) or "
@@ -95,14 +96,13 @@ class DSSConfig(FairseqDataclass):
 
 @register_criterion("differentiable_scheduled_sampling", dataclass=DSSConfig)
 class DSSCriterion(FairseqCriterion):
-    lean = True  # the static-cache step where it covers the decoder (False: fairseq's incremental path)
-
     def __init__(self, task, dss_mode="soft-sample", dss_schedule="inverse_sigmoid", dss_schedule_unit="epoch",
                  dss_warmup=1.0, dss_decay_k=100.0, dss_decay_slope=0.1, dss_min_eps=0.0, dss_alpha=1.0,
                  dss_alpha_growth=1.0, dss_alpha_max=1e4, dss_passes=0, dss_compile="off", label_smoothing=0.0,
-                 sentence_avg=False):
+                 sentence_avg=False, decoding_path="static-cache"):
         super().__init__(task)
         check_options(DSSConfig, locals())
+        self.path = str(decoding_path)
         with as_options(DSSConfig):
             check_eps_schedule(str(dss_schedule), dss_decay_k, dss_decay_slope, dss_min_eps)
         if str(dss_compile) == "on" and dss_passes != 0:
@@ -151,7 +151,7 @@ class DSSCriterion(FairseqCriterion):
             logits = model(**net_input)[0]
         else:
             logits, _ = run_scheduled_sampling(model, net_input, fed, self.mode, alpha, self.passes,
-                                               make_noise_fn(self.mode), lean=self.lean,
+                                               make_noise_fn(self.mode), path=self.path,
                                                compiled=self.compiled)
         lprobs = model.get_normalized_probs((logits, None), log_probs=True)
         target = model.get_targets(sample, (logits, None))

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from fairseq import metrics, utils
 from fairseq.criterions import FairseqCriterion, register_criterion
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import above, at_least
@@ -57,12 +57,13 @@ from fairseq_ext.decoding.beam_search import (
     run_beam,
 )
 from fairseq_ext.decoding.soft_inputs import check_step_decodable
+from fairseq_ext.decoding.paths import DecodingPathConfig
 from fairseq_ext.generators.beam_generator import remember_normalization
 from fairseq_ext.runtime.validation import as_options, check_options
 
 
 @dataclass
-class SoftBeamConfig(FairseqDataclass):
+class SoftBeamConfig(DecodingPathConfig):
     soft_beam_size: int = field(default=3, metadata={"help": "k, the beam size of the relaxed beam (thesis: 3)",
                                                      "constraint": at_least(1)})
     soft_beam_alpha: float = field(default=1.0, metadata={"help": "alpha_0 of the peaked softmax", "constraint": above(0),
@@ -99,15 +100,16 @@ class SoftBeamConfig(FairseqDataclass):
 
 
 class _SoftBeamCriterion(FairseqCriterion):
-    lean = True  # the static-cache step where it covers the decoder (False: fairseq's incremental path)
     hinge = False
 
     def __init__(self, task, soft_beam_size=3, soft_beam_alpha=1.0, soft_beam_alpha_schedule="exponential",
                  soft_beam_alpha_final=100.0, soft_beam_alpha_updates=1000, soft_beam_normalization="local",
                  soft_beam_hamming_weights="",
-                 soft_beam_extra_len=2, soft_beam_dropout="none", soft_beam_compile="off"):
+                 soft_beam_extra_len=2, soft_beam_dropout="none", soft_beam_compile="off",
+                 decoding_path="static-cache"):
         super().__init__(task)
         check_options(SoftBeamConfig, locals())
+        self.path = str(decoding_path)
         self.k = soft_beam_size
         self.schedule = str(soft_beam_alpha_schedule)
         self.alpha0, self.alpha1, self.alpha_updates = soft_beam_alpha, soft_beam_alpha_final, soft_beam_alpha_updates
@@ -152,7 +154,7 @@ class _SoftBeamCriterion(FairseqCriterion):
             costs = hamming_step_costs(target, V, self.label_costs, self.padding_idx)
         alpha = self.alpha()
         result = run_beam(model, sample["net_input"], horizon, self.k, alpha, self.normalization, costs,
-                          augment=self.hinge, stop_at_eos=self.open_length, dropout=self.dropout, lean=self.lean,
+                          augment=self.hinge, stop_at_eos=self.open_length, dropout=self.dropout, path=self.path,
                           compiled=self.compiled)
         if self.hinge:
             gold = self.gold_scores(model, sample)

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from fairseq_ext.core.beam_relaxation import hard_beam_step, soft_beam_step
 from fairseq_ext.decoding.compiled_step import compiled as compiled_function, compiled_logits
-from fairseq_ext.decoding.paths import decoder_step, use_step
+from fairseq_ext.decoding.paths import decoder_step, static_cache
 from fairseq_ext.decoding.soft_inputs import (
     EmbeddingOverride,
     SoftReorder,
@@ -164,7 +164,7 @@ def run_beam(
     hard: bool = False,
     stop_at_eos: bool = False,
     dropout: str = "independent",
-    lean: bool = True,
+    path: str = "static-cache",
     compiled: bool = False,
 ) -> BeamResult:
     """Soft (Algorithm 3) or hard (Algorithm 1) beam search for a batch.
@@ -173,8 +173,9 @@ def run_beam(
     included). step_costs: (B, T, V) d_t(w) (Hamming, see
     ``core.beam_relaxation.hamming_step_costs``), T = max horizon; accumulated into the
     costs, and added to the candidate scores when ``augment``. dropout:
-    ``independent``, ``shared`` or ``none`` (module docstring). lean: the static-cache
-    step where it covers the decoder (False: fairseq's incremental path always).
+    ``independent``, ``shared`` or ``none`` (module docstring). path: ``static-cache``,
+    the static-cache step where it covers the decoder; ``fairseq``, fairseq's incremental
+    path always (``paths.static_cache``).
     compiled: the static-cache step and the soft beam's step (``soft_beam_step``)
     compiled by ``torch.compile`` (``compiled_step``).
     """
@@ -182,12 +183,12 @@ def run_beam(
         raise ValueError(f"dropout must be one of {DROPOUT_MODES}, got {dropout!r}")
     with _search_dropout(model, dropout, net_input["src_tokens"].size(0), beam) as dropout_rows:
         return _run_beam(model, net_input, horizon, beam, alpha, normalization, step_costs, augment, hard,
-                         stop_at_eos, dropout_rows, lean, compiled)
+                         stop_at_eos, dropout_rows, path, compiled)
 
 
 def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, alpha: float, normalization: str,
               step_costs: Optional[Tensor], augment: bool, hard: bool, stop_at_eos: bool,
-              dropout_rows: Dict[str, int], lean: bool, compiled: bool = False) -> BeamResult:
+              dropout_rows: Dict[str, int], path: str, compiled: bool = False) -> BeamResult:
     """The search. Step 0 runs the decoder once per sentence (K = 1: every beam
     element starts from the same empty prefix, and elements 1..k-1 are dead until
     the first step fills them) and the first reorder expands its state to k rows;
@@ -237,12 +238,12 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
     state: Dict = {}
     # the static-cache step (it holds the encoder's part of every row's state), built before
     # the embedding hook, which it would take for a user's hook
-    lean_step = decoder_step(model, first_encoder_out, torch.arange(B * K, device=device), T, differentiable=True,
-                             compiled=compiled) if lean and use_step(decoder, "soft beam search") else None
+    static_step = decoder_step(model, first_encoder_out, torch.arange(B * K, device=device), T, differentiable=True,
+                        compiled=compiled) if static_cache(decoder, path, "soft beam search") else None
     relaxed_step = compiled_function(soft_beam_step, "the soft beam's step") if compiled else soft_beam_step
-    if lean_step is not None:  # it holds the rows' encoder output
-        step_logits = compiled_logits(lean_step) if compiled else lean_step.logits
-        reorder_rows, mix_rows = lean_step.reorder, lean_step.mix
+    if static_step is not None:  # it holds the rows' encoder output
+        step_logits = compiled_logits(static_step) if compiled else static_step.logits
+        reorder_rows, mix_rows = static_step.reorder, static_step.mix
     else:
         encoder_out = first_encoder_out if K == k else model.encoder.reorder_encoder_out(first_encoder_out, beam_rows)
         reorder_rows = functools.partial(decoder.reorder_incremental_state_scripting, state)
@@ -251,14 +252,14 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
     prev = torch.full((B * K, 1), eos, dtype=torch.long, device=device)
     # the soft beam feeds EOS at every step (the soft input replaces its embedding): the static-cache
     # step reads only the last column, so only fairseq's path and the hard beam keep the history
-    keep_prev = hard or lean_step is None
+    keep_prev = hard or static_step is None
     eos_tokens: Dict[int, Tensor] = {}  # rows -> (rows,) EOS
-    with EmbeddingOverride(embedding) if lean_step is None else contextlib.nullcontext() as override:
+    with EmbeddingOverride(embedding) if static_step is None else contextlib.nullcontext() as override:
         for t in range(T):
             n = live.numel()
             soft_input = t > 0 and not hard
             dropout_rows["beam"], dropout_rows["sentences"] = K, n
-            if lean_step is not None:
+            if static_step is not None:
                 if not keep_prev and n * K not in eos_tokens:
                     eos_tokens[n * K] = torch.full((n * K,), eos, dtype=torch.long, device=device)
                 logits = step_logits(prev[:, -1] if keep_prev else eos_tokens[n * K], inputs if soft_input else None)
@@ -336,7 +337,7 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
                     prev = prev.index_select(0, rows) if rows is not None else prev
                     prev = torch.cat([prev, prev[:, -1:]], dim=1)
             K = k
-            if leaving and lean_step is None:
+            if leaving and static_step is None:
                 encoder_out = model.encoder.reorder_encoder_out(
                     encoder_out, (keep.view(-1, 1) * k + torch.arange(k, device=device)).view(-1))
             if leaving:

@@ -5,11 +5,10 @@ Greedy and ancestral sampling (temperature, top-k, top-p) of a fairseq
 ``transformer`` / ``transformer_lm`` / ``lstm`` / ``lstm_lm`` run the static-cache step
 (``paths.decoder_step``): one step of few operators for all B x n rows, finished
 rows masked, and dropped from every cache together once at most half of the rows still
-run; on a CUDA device the step is replayed from a CUDA graph (``graphed_step``;
-``DecodeConfig.cuda_graphs = "off"`` never records).
+run.
 Other decoders run fairseq's incremental decoding, dropping finished rows by
-reordering the incremental state; ``DecodeConfig.lean = False`` selects that path for
-every model (it is the reference the static-cache step is tested against). Both paths
+reordering the incremental state; ``DecodeConfig.path = "fairseq"`` (the criteria's
+``--decoding-path fairseq``) selects that path for every model (it is the reference the static-cache step is tested against). Both paths
 draw the same random numbers for the same rows. Beam search delegates to fairseq's
 ``SequenceGenerator``. All strategies return the same ``Candidates``.
 
@@ -28,14 +27,9 @@ from torch import Tensor
 
 from fairseq_ext.core.constraints import CONSTRAINT, OneOf, ParameterError, above, at_least, check_fields, constraint_of
 from fairseq_ext.core.sampling import choose_tokens, filter_logits
-from fairseq_ext.decoding import graphed_step
-from fairseq_ext.decoding.paths import decoder_step, unsupported_reason, use_step
+from fairseq_ext.decoding.paths import PATHS, decoder_step, static_cache, unsupported_reason
 
 STRATEGIES = ("greedy", "sample", "beam")
-CUDA_GRAPHS = ("auto", "off")
-CUDA_GRAPHS_HELP = ("auto: on a CUDA device, candidate decoding replays the decoder step from a CUDA graph (one launch "
-                    "per token; checked once against the eager step, eager with a log line where recording fails); "
-                    "off: eager steps")
 
 
 @dataclass
@@ -52,10 +46,9 @@ class DecodeConfig:
     max_len_a, max_len_b: maximum length a * src_len + b (as fairseq-generate).
     max_len_ref_ratio: if set, the maximum length is instead ceil(ratio * the
         longest reference in the batch) (MGS uses 1.3).
-    lean: greedy and sampling with the static-cache step where the decoder allows
-        (False: fairseq's incremental decoding for every model).
-    cuda_graphs: ``auto``, the static-cache step replayed from a CUDA graph on a CUDA
-        device (``graphed_step``); ``off``, never.
+    path: ``static-cache``, greedy and sampling with the static-cache step where it covers
+        the decoder; ``fairseq``, fairseq's incremental decoding for every model
+        (``paths.static_cache``).
     """
 
     strategy: str = field(default="greedy", metadata={CONSTRAINT: OneOf(STRATEGIES)})
@@ -68,8 +61,7 @@ class DecodeConfig:
     max_len_a: float = 0.0
     max_len_b: int = 200
     max_len_ref_ratio: Optional[float] = field(default=None, metadata={CONSTRAINT: above(0)})
-    lean: bool = True
-    cuda_graphs: str = field(default="auto", metadata={CONSTRAINT: OneOf(CUDA_GRAPHS)})
+    path: str = field(default="static-cache", metadata={CONSTRAINT: OneOf(PATHS)})
 
     def __post_init__(self) -> None:
         check_fields(self)  # ParameterError naming the field
@@ -161,8 +153,8 @@ def decode_candidates(
     with _eval_mode(model):
         if cfg.strategy == "beam":
             return _beam(model, sample, cfg, prefix_tokens)
-        if cfg.lean and _lean_supported(model):
-            return _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator)
+        if _static_cache(model, cfg):
+            return _greedy_or_sample_static(model, sample, cfg, prefix_tokens, generator)
         return _greedy_or_sample(model, sample, cfg, prefix_tokens, generator)
 
 
@@ -190,8 +182,8 @@ def grouped_reason(model, cfg: DecodeConfig) -> Optional[str]:
     """Why ``decode_grouped`` cannot decode ``model`` with ``cfg``, or None when it can."""
     if cfg.strategy == "beam":
         return "beam decoding (parameter sets are decoded together greedily or by sampling)"
-    if not cfg.lean:
-        return "DecodeConfig.lean is off"
+    if cfg.path != "static-cache":
+        return f"the {cfg.path} decoding path"
     return unsupported_reason(model.decoder)
 
 
@@ -211,7 +203,7 @@ def decode_grouped(model, sample: Dict, cfg: DecodeConfig, sets: ParameterSets,
     if cfg.strategy == "sample" and (generators is None or len(generators) != sets.count):
         raise ValueError(f"decode_grouped: sampling needs one generator per parameter set ({sets.count})")
     with _eval_mode(model):
-        both = _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generators, sets=sets)
+        both = _greedy_or_sample_static(model, sample, cfg, prefix_tokens, generators, sets=sets)
     rows = both.tokens.size(0) // sets.count
     return [both.part(slice(g * rows, (g + 1) * rows), cfg.num_candidates) for g in range(sets.count)]
 
@@ -229,38 +221,33 @@ def decode_with_greedy(
     step runs: the greedy rows follow the sampled ones, which draw the random numbers they
     draw alone."""
     greedy_cfg = DecodeConfig(min_len=cfg.min_len, max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b,
-                              max_len_ref_ratio=cfg.max_len_ref_ratio, lean=cfg.lean, cuda_graphs=cfg.cuda_graphs)
-    if cfg.strategy != "sample" or not (cfg.lean and _lean_supported(model)):
+                              max_len_ref_ratio=cfg.max_len_ref_ratio, path=cfg.path)
+    if cfg.strategy != "sample" or not _static_cache(model, cfg):
         return (decode_candidates(model, sample, cfg, prefix_tokens, generator),
                 decode_candidates(model, sample, greedy_cfg, prefix_tokens))
     with _eval_mode(model):
-        both = _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_rows=True)
+        both = _greedy_or_sample_static(model, sample, cfg, prefix_tokens, generator, greedy_rows=True)
     rows = both.tokens.size(0) - sample["net_input"]["src_tokens"].size(0)
     return both.part(slice(0, rows), cfg.num_candidates), both.part(slice(rows, None), 1)
 
 
-def _lean_supported(model) -> bool:
-    return use_step(model.decoder, "candidate decoding")
+def _static_cache(model, cfg: DecodeConfig) -> bool:
+    return static_cache(model.decoder, cfg.path, "candidate decoding")
 
 
-def _greedy_or_sample_lean(model, sample, cfg, prefix_tokens, generator, greedy_rows=False,
+def _greedy_or_sample_static(model, sample, cfg, prefix_tokens, generator, greedy_rows=False,
                            sets: Optional[ParameterSets] = None) -> Candidates:
     """As ``_greedy_or_sample``, with ``TransformerStep``: a row that finished is fed EOS
     and its outputs are ignored; once at most half of the rows still run, the finished
     ones leave every cache at once (``TransformerStep.reorder``), their results kept.
     ``greedy_rows``: one greedy row per input after the B x n rows (``decode_with_greedy``).
     ``sets``: G blocks of rows, one per parameter set (``decode_grouped``; ``generator``
-    then one per set); a row leaves when its counterparts in every block finished. On a
-    CUDA device (``cfg.cuda_graphs`` auto) the step is replayed from a CUDA graph."""
+    then one per set); a row leaves when its counterparts in every block finished."""
     pad, eos, n, device, expand, encoder_out, prefix, n_forced, max_len = _plan(model, sample, cfg, prefix_tokens,
                                                                               greedy_rows, sets)
     total_steps, rows = n_forced + max_len, expand.numel()
     groups = sets.count if sets is not None else 1
-    recorder = graphed_step.recorder_for(device) if cfg.cuda_graphs == "auto" else None
-    step_fn = decoder_step(model, encoder_out, expand, total_steps, *((sets.stack, groups) if sets else ()),
-                           capturable=recorder is not None)
-    if recorder is not None:
-        step_fn = graphed_step.GraphedStep(step_fn, recorder, total_steps)
+    step_fn = decoder_step(model, encoder_out, expand, total_steps, *((sets.stack, groups) if sets else ()))
     sampling = cfg.strategy == "sample"
     options = dict(sample=True, temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp)
     n_sampled = rows - (expand.numel() // (n + 1) if greedy_rows else 0)  # the sampled rows come first

@@ -17,7 +17,7 @@ from fairseq_ext.core.constraints import Rule, check_arguments, declare
 from fairseq_ext.core.relaxations import decision_embedding, gumbel_noise, is_sample
 from fairseq_ext.decoding.compiled_step import compiled_logits
 from fairseq_ext.decoding.soft_inputs import EmbeddingOverride, check_plain_output_layer, decoder_embedding
-from fairseq_ext.decoding.paths import decoder_step, use_step
+from fairseq_ext.decoding.paths import decoder_step, static_cache
 
 NoiseFn = Callable[[Tensor], Tensor]
 
@@ -38,7 +38,7 @@ def run_scheduled_sampling(
     alpha: float,
     passes: int = 0,
     noise_fn: Optional[NoiseFn] = None,
-    lean: bool = True,
+    path: str = "static-cache",
     compiled: bool = False,
 ) -> Tuple[Tensor, List[Tensor]]:
     """Decoder scores of a scheduled-sampling pass.
@@ -54,8 +54,8 @@ def run_scheduled_sampling(
     parallel approximation: pass 1 is teacher-forced, pass p feeds the decisions
     on pass p - 1's scores; P full-sequence forwards instead of T incremental steps.
 
-    lean: the static-cache step where it covers the decoder (False: fairseq's incremental
-    path); compiled: the exact pass's static-cache step compiled by ``torch.compile``
+    path: ``static-cache``, the static-cache step where it covers the decoder; ``fairseq``,
+    fairseq's incremental path (``paths.static_cache``); compiled: the exact pass's static-cache step compiled by ``torch.compile``
     (``compiled_step``).
 
     Returns the scores (N, T, V) the loss is computed on, and the per-step scores
@@ -76,8 +76,8 @@ def run_scheduled_sampling(
         noise = noise_fn(scores) if noise_fn is not None else None
         return decision_embedding(scores, embed_weight, mode, alpha, noise)
 
-    if passes == 0 and lean and use_step(decoder, "scheduled sampling"):
-        return _sequential_lean(model, prev, encoder_out, model_fed, decide, compiled)
+    if passes == 0 and static_cache(decoder, path, "scheduled sampling"):
+        return _sequential_static(model, prev, encoder_out, model_fed, decide, compiled)
     with EmbeddingOverride(embedding) as override:
         if passes == 0:
             return _sequential(decoder, prev, encoder_out, model_fed, decide, override)
@@ -89,7 +89,7 @@ def run_scheduled_sampling(
         return logits, []
 
 
-def _sequential_lean(model, prev: Tensor, encoder_out, model_fed: Tensor, decide,
+def _sequential_static(model, prev: Tensor, encoder_out, model_fed: Tensor, decide,
                      compiled: bool = False) -> Tuple[Tensor, List[Tensor]]:
     """``_sequential`` with the differentiable static-cache step."""
     rows = torch.arange(prev.size(0), device=prev.device)

@@ -16,7 +16,7 @@ and its full forward are the same function, and the step follows both (also with
 the decoder's own modules, called in fairseq's order on tensors of fairseq's sizes:
 the same masks for the same random state.
 """
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -51,15 +51,14 @@ class LSTMStep(_DecoderStep):
 
     encoder_out: fairseq's LSTM encoder output for the B inputs, (outputs, hiddens, cells,
         padding mask) (None for a language model).
-    capturable: the states updated in place (``TransformerStep``'s ``capturable``).
     """
 
     def __init__(self, model, encoder_out: Optional[Tuple[Tensor, ...]], expand: Tensor, max_steps: int = 0,
                  weights: Optional[Callable[[Tensor], Tensor]] = None, groups: int = 1, differentiable: bool = False,
-                 capturable: bool = False, compiled: bool = False):
+                 compiled: bool = False):
         decoder = self.decoder = model.decoder
         rows = self.rows = expand.numel()
-        self._sets(weights, groups, rows, differentiable, capturable, compiled)
+        self._sets(weights, groups, rows, differentiable, compiled)
         device, dtype = expand.device, decoder.embed_tokens.weight.dtype
         training = differentiable and decoder.training
         self.drop_in = decoder.dropout_in_module if training and decoder.dropout_in_module.p > 0 else None
@@ -100,10 +99,6 @@ class LSTMStep(_DecoderStep):
         self.offsets = None  # per row, where its set's rows start in the token embeddings
         if groups > 1:
             self.offsets = torch.arange(rows, device=device) // (rows // groups) * decoder.embed_tokens.num_embeddings
-
-    def state(self) -> List[Tensor]:
-        """The tensors a (capturable) step updates in place: every layer's states, the input feed."""
-        return self.h + self.c + ([self.feed] if self.feed is not None else [])
 
     def reorder(self, index: Tensor) -> None:
         """Row i becomes the old row ``index[i]``, in every per-row state."""
@@ -146,11 +141,7 @@ class LSTMStep(_DecoderStep):
             x = _dropout(h, self.drop_out)
             if d.residuals:
                 x = x + self.h[i]
-            if self.capturable:  # in place: a replayed step reads the states the step before wrote
-                self.h[i].copy_(h)
-                self.c[i].copy_(c)
-            else:
-                self.h[i], self.c[i] = h, c
+            self.h[i], self.c[i] = h, c
         out = h
         if self.attention is not None:
             proj_in, proj_out = self.attention
@@ -162,9 +153,7 @@ class LSTMStep(_DecoderStep):
             context = torch.bmm(probs.unsqueeze(1), self.source).squeeze(1)
             out = torch.tanh(_mm(torch.cat([context, h], 1), *proj_out))
         out = _dropout(out, self.drop_out)
-        if self.feed is not None and self.capturable:
-            self.feed.copy_(out)
-        elif self.feed is not None:
+        if self.feed is not None:
             self.feed = out
         if self.additional_fc is not None:
             out = _dropout(_mm(out, *self.additional_fc), self.drop_out)

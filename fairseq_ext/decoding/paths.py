@@ -1,14 +1,19 @@
 """Which path decodes: the static-cache step of the model's architecture family, or
 fairseq's own incremental decoding (the reference the steps are tested against).
 
+Every decoding criterion (MGS, MRT, PG, DSS, the soft beam) has one option for it,
+``--decoding-path`` (``DecodingPathConfig``): ``static-cache`` (the default) or
+``fairseq``; ``static_cache(decoder, path, who)`` is the one place that decides.
 ``unsupported_reason(decoder)`` names what a decoder has that the static-cache steps
 (``transformer_step.TransformerStep``, ``lstm_step.LSTMStep``) do not cover;
 ``use_step(decoder, who)`` says so once in the log, and callers then take fairseq's path;
 ``decoder_step`` builds the step a model needs.
 """
 import logging
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from torch import Tensor
 
 from fairseq_ext.decoding.lstm_step import LSTMStep, lstm_unsupported_reason
@@ -17,6 +22,19 @@ from fairseq_ext.decoding.transformer_step import TransformerStep, transformer_u
 
 logger = logging.getLogger(__name__)
 _FALLBACK_LOGGED = set()
+
+PATHS = ("static-cache", "fairseq")
+PATH_HELP = ("static-cache: decode with the static-cache step of the model's architecture family (fairseq's "
+             "transformer and lstm decoders; any other decoder takes fairseq's path, said once in the log); "
+             "fairseq: fairseq's own incremental decoding for every model (the reference the steps are tested "
+             "against; the same results, slower)")
+
+
+@dataclass
+class DecodingPathConfig(FairseqDataclass):
+    """The option every decoding criterion shares: which path decodes."""
+
+    decoding_path: ChoiceEnum(PATHS) = field(default="static-cache", metadata={"help": PATH_HELP})
 
 
 def _is_lstm(decoder) -> bool:
@@ -43,10 +61,18 @@ def use_step(decoder, who: str) -> bool:
 
 def decoder_step(model, encoder_out, expand: Tensor, max_steps: int,
                  weights: Optional[Callable[[Tensor], Tensor]] = None, groups: int = 1,
-                 differentiable: bool = False, capturable: bool = False, compiled: bool = False) -> "_DecoderStep":
+                 differentiable: bool = False, compiled: bool = False) -> "_DecoderStep":
     """The static-cache step of ``model``'s decoder (``unsupported_reason`` None):
     ``TransformerStep``, or ``lstm_step.LSTMStep`` for fairseq's LSTMDecoder; the
     arguments are ``TransformerStep``'s. compiled: a differentiable step built for
     ``compiled_step.compiled_logits`` (its weights not collected)."""
     cls = LSTMStep if _is_lstm(model.decoder) else TransformerStep
-    return cls(model, encoder_out, expand, max_steps, weights, groups, differentiable, capturable, compiled)
+    return cls(model, encoder_out, expand, max_steps, weights, groups, differentiable, compiled)
+
+
+def static_cache(decoder, path: str, who: str) -> bool:
+    """Whether ``who`` decodes ``decoder`` with the static-cache step: ``path`` is
+    ``static-cache`` (``--decoding-path``) and a step covers the decoder (``use_step``)."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    return path == "static-cache" and use_step(decoder, who)

@@ -166,15 +166,13 @@ class _DecoderStep:
         return torch.log_softmax(self.logits(tokens).float(), dim=-1)
 
     def _sets(self, weights: Optional[Callable[[Tensor], Tensor]], groups: int, rows: int,
-              differentiable: bool, capturable: bool = False, compiled: bool = False) -> None:
+              differentiable: bool, compiled: bool = False) -> None:
         self.groups, self.P = groups, (weights if groups > 1 else (lambda p: p))
         if rows % groups:
             raise ValueError(f"{rows} rows are not {groups} equal blocks")
-        if differentiable and capturable:
-            raise ValueError("a differentiable step is not capturable (its caches grow)")
         if compiled and not differentiable:
             raise ValueError("only the differentiable step is compiled")
-        self.differentiable, self.capturable, self.compiled = differentiable, capturable, compiled
+        self.differentiable, self.compiled = differentiable, compiled
         # under gradients, each weight's gradient once for all positions (``_CollectedWeight``; not
         # in a compiled step, whose compiler cannot trace the Python lists it keeps)
         self.collect = differentiable and torch.is_grad_enabled() and not compiled

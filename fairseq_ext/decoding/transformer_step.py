@@ -89,11 +89,6 @@ class TransformerStep(_DecoderStep):
         in train mode, called in the order and on the shapes of fairseq's incremental path
         (the same masks for the same random state). For decoding under gradients:
         scheduled sampling's left-to-right pass, the soft beam (``mix``).
-    capturable: every ``step`` runs the same kernels on the same memory, whatever the
-        position (a CUDA graph of one step replays every later one: ``graphed_step``):
-        the position a tensor, the caches written by ``index_copy_``, the attention over
-        all ``max_steps`` positions with the ones not yet fed masked; between two
-        ``reorder`` calls no state tensor is replaced. ``state()``: those tensors.
 
     ``step(tokens)`` feeds (rows,) tokens at the next position and returns the next
     tokens' log-probabilities, (rows, V) float32; the first call feeds the BOS.
@@ -103,7 +98,7 @@ class TransformerStep(_DecoderStep):
 
     def __init__(self, model, encoder_out: Optional[Dict[str, List[Tensor]]], expand: Tensor, max_steps: int,
                  weights: Optional[Callable[[Tensor], Tensor]] = None, groups: int = 1, differentiable: bool = False,
-                 capturable: bool = False, compiled: bool = False):
+                 compiled: bool = False):
         decoder = model.decoder
         self.decoder, self.pad = decoder, decoder.padding_idx
         rows = expand.numel()
@@ -112,7 +107,7 @@ class TransformerStep(_DecoderStep):
         first = layers[0].self_attn
         h, d = self.heads, self.head_dim = first.num_heads, first.head_dim
         self.rows = rows
-        self._sets(weights, groups, rows, differentiable, capturable, compiled)
+        self._sets(weights, groups, rows, differentiable, compiled)
         # the attention's 1 / sqrt(head_dim): under gradients folded into the query projections where
         # that is exact (a power of two: head_dim a power of 4, e.g. 64; an unscaled product
         # differentiates with fewer operators), else applied to the scores
@@ -143,10 +138,7 @@ class TransformerStep(_DecoderStep):
             self.self_bias = torch.zeros(rows * h, 1, 0, dtype=dtype, device=device)
         else:
             self.kv = torch.zeros(len(layers), 2, rows, h, max_steps, d, dtype=dtype, device=device)
-            # capturable: every position's key masked until it is fed; the position a tensor
-            self.self_bias = torch.full((rows, h, 1, max_steps), float("-inf") if capturable else 0.0,
-                                        dtype=dtype, device=device)
-            self.position = torch.zeros(1, dtype=torch.long, device=device) if capturable else None
+            self.self_bias = torch.zeros(rows, h, 1, max_steps, dtype=dtype, device=device)
             self._cache_views()
         self.zeros = torch.zeros(rows, dtype=dtype, device=device)
         training = differentiable and decoder.training
@@ -235,10 +227,6 @@ class TransformerStep(_DecoderStep):
         for j, ea in enumerate(p["ea"] for p in self.layers if p["ea"] is not None):
             ea["keys_t"], ea["values"] = parts[2 * j].transpose(1, 2), parts[2 * j + 1]
 
-    def state(self) -> List[Tensor]:
-        """The tensors a (capturable) step updates in place: caches, masks, positions."""
-        return [self.kv, self.self_bias, self.count, self.position]
-
     def _cache_views(self) -> None:
         """Per layer, the (rows * heads, steps, head_dim) views of the keys and values the
         attention products read, and the bias's (rows * heads, 1, steps) view."""
@@ -292,9 +280,6 @@ class TransformerStep(_DecoderStep):
             return _attend(q, keys.transpose(1, 2), values, self.self_bias, self.scale, p["drop_sa"]).view(n, h * d)
         qkv = _mm(x, *p["qkv"]).view(n, h, 3, d)  # per head its query, key and value (``_qkv``)
         q = qkv[:, :, 0].reshape(n * h, 1, d)  # a view: no copy
-        if self.capturable:  # every position's keys and values, those not yet fed masked
-            self.kv[i].index_copy_(3, self.position, qkv[:, :, 1:].permute(2, 0, 1, 3).unsqueeze(3))
-            return _attend(q, self.keys[i].transpose(1, 2), self.values[i], self.self_bias_3d, self.scale).view(n, h * d)
         self.kv[i, :, :, :, t] = qkv[:, :, 1:].permute(2, 0, 1, 3)
         keys_t = self.keys[i][:, : t + 1].transpose(1, 2)
         return _attend(q, keys_t, self.values[i][:, : t + 1], self.self_bias_3d[..., : t + 1], self.scale).view(n, h * d)
@@ -316,8 +301,6 @@ class TransformerStep(_DecoderStep):
         if self.differentiable:
             column = bias.expand(self.rows, self.heads).reshape(-1, 1, 1)
             self.self_bias = torch.cat([self.self_bias, column], 2)
-        elif self.capturable:
-            self.self_bias.index_copy_(3, self.position, bias[:, :, None, None].expand(self.rows, self.heads, 1, 1))
         else:
             self.self_bias[:, :, 0, self.t] = bias
         position = self.count * nonpad
@@ -357,8 +340,5 @@ class TransformerStep(_DecoderStep):
             x = _ln(x, self.layer_norm)
         if self.project_out is not None:
             x = _mm(x, *self.project_out)
-        if self.capturable:
-            self.position += 1
-        else:
-            self.t += 1
+        self.t += 1
         return _mm(x, *self.output)

@@ -2,7 +2,8 @@
 
 Every option a plugin component declares begins with that component's prefix
 (``--mgs-``, ``--soft-beam-``, ``--residual-``, ``--tagging-``, ``--search-``,
-...); options that mean what fairseq's option of the same name means keep
+...), or ``--decoding-`` for the one every decoding criterion shares
+(``--decoding-path``); options that mean what fairseq's option of the same name means keep
 fairseq's name (``--label-smoothing``, ``--max-source-positions``, the model
 sizes). A config field that was renamed declares its old flag(s) in its
 metadata, beside its help:
