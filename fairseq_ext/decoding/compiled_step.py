@@ -14,9 +14,8 @@ process (inductor keeps its kernels in its on-disk cache for later processes). V
 the arguments are passed as tensors of their own (``_plain``), so that the traces do not
 depend on the strides of what they are views of.
 
-The compiled decoder step is built without ``_CollectedWeight`` (whose backward state lives
-in Python lists the compiler cannot trace): each position's weight gradients are their own
-products in the compiled backward. Under dropout the masks come from inductor's random
+The compiled decoder step is built with ``compiled=True``: its transposed weights are
+views, which the compiler lays out itself. Under dropout the masks come from inductor's random
 number generator, so a run is reproducible from its seed but does not draw fairseq's masks.
 
 Automatic fallback: where compiling fails (no C++ compiler for inductor on the CPU, an
@@ -80,8 +79,8 @@ def compiled(fn: Callable, what: str) -> Callable:
 def compiled_logits(step) -> Callable[..., Tensor]:
     """``step.logits`` (a differentiable step built with ``compiled=True``) through the
     process's compiled function."""
-    if step.collect:
-        raise ValueError("a compiled step is built with compiled=True (its weights not collected)")
+    if not step.compiled:
+        raise ValueError("a compiled step is built with compiled=True (its weights as views)")
     run = compiled(_logits, "the decoder step")
 
     def logits(tokens: Tensor, embeds: Optional[Tensor] = None, replace: Optional[Tensor] = None) -> Tensor:
