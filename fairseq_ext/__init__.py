@@ -17,7 +17,7 @@ from fairseq_ext.runtime import support
 
 support.check_or_exit()
 
-from fairseq_ext.runtime import cli, dictionaries  # noqa: E402
+from fairseq_ext.runtime import cli, dictionaries, parser  # noqa: E402
 from fairseq_ext.runtime.compat import (  # noqa: E402
     patch_amp_loss_scaler,
     patch_checkpoint_copies,
@@ -43,6 +43,7 @@ patch_checkpoint_errors()
 dictionaries.patch_dictionary_check()
 stop_batch_threads_at_exit()
 cli.install()
+parser.install()
 
 from fairseq_ext.costs import sequence_cost  # noqa: E402,F401  (registers the ``lm`` task loss)
 from fairseq_ext import criterions  # noqa: E402,F401

@@ -8,77 +8,14 @@ A NAME is a criterion, task, model or architecture name. The options are the one
 fairseq adds to its parser when the component is chosen (``--criterion mgs``),
 grouped by the config class that declares them, fairseq's inherited ones included.
 ``fairseq-train --user-dir "$(fairseq-ext-dir)" --criterion mgs --help`` lists the same
-for the chosen components (``fairseq_ext.runtime.cli``).
+for the chosen components (``fairseq_ext.runtime.parser``); the listing itself is
+``fairseq_ext.runtime.components``'s.
 """
 import argparse
-import functools
 import sys
-from typing import FrozenSet, List, NamedTuple, Optional, Sequence
+from typing import List, Optional, Sequence
 
-PLUGIN = "fairseq_ext"
-
-
-class Component(NamedTuple):
-    kind: str  # criterion, task or model
-    name: str
-    cls: type
-    archs: Sequence[str] = ()  # a model's registered architectures
-
-
-class Option(NamedTuple):
-    flags: Sequence[str]  # ("--mgs-alpha",), ("data",) for a positional
-    default: object
-    choices: Optional[Sequence]
-    help: str
-    declared_by: str  # the config class that declares the field, e.g. "MGSConfig"
-    rule: str = ""  # the declared constraint, completing "must be ..." ("> 0"), or ""
-
-
-def _is_plugin(cls: type) -> bool:
-    return cls.__module__ == PLUGIN or cls.__module__.startswith(PLUGIN + ".")
-
-
-def plugin_components() -> List[Component]:
-    """The registered criterions, tasks and models defined in this package, in that order."""
-    from fairseq.criterions import CRITERION_REGISTRY
-    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
-    from fairseq.tasks import TASK_REGISTRY
-
-    out = [Component(kind, name, cls) for kind, registry in (("criterion", CRITERION_REGISTRY), ("task", TASK_REGISTRY))
-           for name, cls in sorted(registry.items()) if _is_plugin(cls)]
-    for name, cls in sorted(MODEL_REGISTRY.items()):
-        if _is_plugin(cls):
-            out.append(Component("model", name, cls, tuple(sorted(a for a, m in ARCH_MODEL_REGISTRY.items() if m is cls))))
-    return out
-
-
-def _option(action: argparse.Action, config) -> Option:
-    """``action``'s option, with the default and declaring class of the field of ``config`` (a
-    dataclass instance) it comes from (a model's ``add_args`` leaves the parser's defaults unset)."""
-    from fairseq_ext.runtime.validation import option_constraint
-
-    for klass in (type(config).__mro__ if config is not None else ()):
-        if action.dest in vars(klass).get("__annotations__", {}):
-            default = config._get_default(action.dest)
-            constraint = option_constraint(config.__dataclass_fields__[action.dest])
-            return Option(tuple(action.option_strings) or (action.dest,), default, action.choices, action.help or "",
-                          klass.__name__, constraint.rule() if constraint is not None else "")
-    return Option(tuple(action.option_strings) or (action.dest,), action.default, action.choices, action.help or "", "")
-
-
-def component_options(component: Component) -> List[Option]:
-    """The options fairseq adds for ``component`` (its ``add_args`` on an empty parser)."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    component.cls.add_args(parser)
-    config = getattr(component.cls, "__dataclass", None)
-    return [_option(action, config and config()) for action in parser._actions]
-
-
-@functools.lru_cache(maxsize=1)
-def plugin_flags() -> FrozenSet[str]:
-    """Every option string a plugin component adds (``--mgs-alpha``, ``--completion-context-size``, ...)."""
-    return frozenset(f for c in plugin_components() for o in component_options(c) for f in o.flags)
-
+from fairseq_ext.runtime.components import Component, component_options, plugin_components, plugin_flags  # noqa: F401
 
 def format_component(component: Component) -> str:
     head = f"--{component.kind} {component.name}"

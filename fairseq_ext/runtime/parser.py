@@ -1,0 +1,67 @@
+"""fairseq's parser (``fairseq.options.parse_args_and_arch``) with the plugin's changes
+(installed on import of the plugin; ``runtime.cli``'s docstring lists them): old option
+spellings read as their new names (``runtime.renamed``), an argparse error about a
+plugin option in one line, a complete ``--help``, and the parsed options checked against
+their declared rules (``runtime.validation``).
+"""
+import argparse
+import functools
+import re
+import sys
+from typing import Callable, List, Optional
+
+from fairseq_ext.runtime.components import plugin_flags
+from fairseq_ext.runtime.renamed import rewrite_argv
+from fairseq_ext.runtime.validation import check_parsed
+
+HELP_FLAGS = ("-h", "--help")
+
+
+def _names_plugin_option(message: str) -> bool:
+    """Whether an argparse error message is about an option a plugin component adds
+    (``argument --mgs-decoder: invalid choice: ...``)."""
+    m = re.match(r"argument (\S+): ", message)
+    return bool(m) and any(flag in plugin_flags() for flag in m.group(1).split("/"))
+
+
+def _fairseq_parser(parse_args_and_arch: Callable) -> Callable:
+    @functools.wraps(parse_args_and_arch)
+    def wrapper(parser: argparse.ArgumentParser, input_args: Optional[List[str]] = None, *args, **kwargs):
+        usage_error = parser.error
+
+        def error(message: str):
+            if _names_plugin_option(message):
+                parser.exit(2, f"{parser.prog}: error: {message}\n")
+            usage_error(message)
+
+        parser.error = error
+        argv = rewrite_argv(sys.argv[1:] if input_args is None else input_args, parser)
+        if any(flag in argv for flag in HELP_FLAGS):
+            # fairseq first parses the known options to find the task, criterion, ...,
+            # then adds their options and parses again: keep --help for the second parse
+            parse_known_args = parser.parse_known_args
+
+            def first_parse(known_args=None, namespace=None):
+                parser.parse_known_args = parse_known_args
+                given = argv if known_args is None else known_args
+                known, rest = parse_known_args([a for a in given if a not in HELP_FLAGS], namespace)
+                if getattr(known, "arch", "") is None:  # no --arch given: no model options to add
+                    del known.arch
+                return known, rest
+
+            parser.parse_known_args = first_parse
+        parsed = parse_args_and_arch(parser, argv, *args, **kwargs)
+        check_parsed(parsed[0] if isinstance(parsed, tuple) else parsed)
+        return parsed
+
+    wrapper.__fairseq_ext__ = True
+    return wrapper
+
+
+def install() -> None:
+    """One-line errors for plugin options and a complete ``--help`` in fairseq's parser
+    (idempotent)."""
+    from fairseq import options
+
+    if not getattr(options.parse_args_and_arch, "__fairseq_ext__", False):
+        options.parse_args_and_arch = _fairseq_parser(options.parse_args_and_arch)
