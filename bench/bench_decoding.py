@@ -71,7 +71,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_ext.synthetic import tiny_models, toy
 from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates
-from fairseq_ext.tasks.text_completion import prefix_sample
+from fairseq_ext.decoding.candidates import prefix_sample
 
 import timing  # bench/timing.py, beside this script
 

@@ -8,7 +8,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_ext.core.sampling import choose_tokens, filter_logits
 from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
-from fairseq_ext.tasks.text_completion import prefix_sample
+from fairseq_ext.decoding.candidates import prefix_sample
 
 
 def _batch(task, split="valid", n=6):
@@ -171,7 +171,7 @@ def test_bad_config_errors():
 
 @pytest.mark.parametrize("arch", ["transformer", "lstm", "transformer_lm"])
 def test_sequence_log_probs_equal_decoder_scores(untrained_models, arch):
-    from fairseq_ext.decoding.candidates import sequence_log_probs
+    from fairseq_ext.scoring.teacher_forced import sequence_log_probs
 
     task, model, sample, prefix = _setup(untrained_models, arch)
     cand = decode_candidates(model, sample, DecodeConfig(strategy="sample", num_candidates=2, max_len_b=7),

@@ -25,8 +25,9 @@ import torch
 
 import fairseq.models.lstm
 import fairseq.utils
-from fairseq_ext.decoding.candidates import (DecodeConfig, ParameterSets, _encode_sets, decode_candidates, decode_grouped,
-                                             decode_with_greedy, grouped_reason, sequence_log_probs)
+from fairseq_ext.decoding.candidates import (DecodeConfig, ParameterSets, _encode_sets, decode_candidates,
+                                             decode_grouped, decode_with_greedy, grouped_reason)
+from fairseq_ext.scoring.teacher_forced import sequence_log_probs
 from fairseq_ext.decoding.paths import decoder_step, unsupported_reason
 from fairseq_ext.decoding.transformer_step import TransformerStep
 from fairseq_ext.decoding.lstm_step import LSTMStep

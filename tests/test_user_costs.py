@@ -11,7 +11,8 @@ import torch
 import user_costs
 from conftest import REPO, run_cli_batch
 from fairseq_ext.core.task_losses import TASK_LOSSES, task_loss_class
-from fairseq_ext.decoding.candidates import DecodeConfig, sequence_log_probs
+from fairseq_ext.decoding.candidates import DecodeConfig
+from fairseq_ext.scoring.teacher_forced import sequence_log_probs
 from fairseq_ext.costs.batch_scorer import BatchScorer, parse_cost_spec
 from fairseq_ext.runtime.cli import ConfigError
 

@@ -19,9 +19,9 @@ from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.task_losses import (TASK_LOSS_SPEC, parse_task_loss_spec, split_options, task_loss_class,
                                           task_loss_names, unique_ngram_share)
 from fairseq_ext.runtime.distributed import unwrap
-from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, decode_candidates, decode_grouped, decode_with_greedy
+from fairseq_ext.decoding.candidates import (Candidates, DecodeConfig, decode_candidates, decode_grouped, decode_with_greedy,
+                                             prefix_sample)
 from fairseq_ext.costs.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process, text_tools
-from fairseq_ext.tasks.text_completion import TextCompletionTask, prefix_sample
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +41,17 @@ def parse_cost_spec(spec: str, option: str = "--mgs-task-loss") -> Dict[str, flo
     return parse_task_loss_spec(spec)
 
 
+def continues_prefixes(task) -> bool:
+    """Whether ``task``'s batches carry prompts (``sample["prefix"]``) that candidates
+    continue (a task says so by its ``continues_prefixes``: ``text_completion``)."""
+    return bool(getattr(task, "continues_prefixes", False))
+
+
 def check_candidate_model(task, model, criterion: str) -> None:
     """Candidates are decoded from a source (encoder-decoder model) or continue a
-    prompt (``--task text_completion``); refuse a decoder-only model elsewhere."""
-    if getattr(model, "encoder", None) is None and not isinstance(task, TextCompletionTask):
+    prompt (``--task text_completion``, whose ``continues_prefixes``); refuse a
+    decoder-only model elsewhere."""
+    if getattr(model, "encoder", None) is None and not continues_prefixes(task):
         raise ConfigError(f"--criterion {criterion}: {type(model).__name__} has no encoder; a decoder-only model "
                          f"continues prompts, which --task text_completion provides (got {type(task).__name__})")
 
@@ -74,7 +81,7 @@ class BatchScorer:
         self.post_process = resolve_post_process(post_process, self.dictionary, option, text_costs)
         # the sources: the source sentences of a translation task, the prefixes (target side) of text completion
         source_dictionary = None
-        if not isinstance(task, TextCompletionTask) and getattr(task, "source_dictionary", None) is not None:
+        if not continues_prefixes(task) and getattr(task, "source_dictionary", None) is not None:
             source_dictionary = task.source_dictionary
         source_text = [name for name, cls in classes.items()
                        if cls.needs_source and (cls.source_kind or cls.input_kind) == "text"]

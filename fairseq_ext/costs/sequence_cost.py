@@ -28,7 +28,7 @@ from torch import Tensor
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.task_losses import SUBWORD_MARKS, TaskLoss, build_task_loss, detect_subword_scheme, split_options
 from fairseq_ext.core.task_losses import register_task_loss
-from fairseq_ext.decoding.candidates import sequence_log_probs
+from fairseq_ext.scoring.teacher_forced import sequence_log_probs
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ from torch import Tensor
 
 from fairseq_ext.runtime.clock import check_model_at_start
 from fairseq_ext.runtime.distributed import forward_in_wrapper
-from fairseq_ext.decoding.candidates import Candidates, DecodeConfig, pad_columns, sequence_log_probs
+from fairseq_ext.decoding.candidates import Candidates, DecodeConfig
+from fairseq_ext.scoring.teacher_forced import pad_columns, sequence_log_probs
 from fairseq_ext.costs.batch_scorer import (BatchScorer, check_candidate_model, log_cost_seconds, log_output_shape,
                                           log_sentence_means)
 

@@ -28,6 +28,7 @@ from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageMode
 from fairseq_ext.core.constraints import at_least
 from fairseq_ext.runtime.validation import check_options
 from fairseq_ext.tasks.batching import TaskBatching
+from fairseq_ext.decoding.candidates import prefix_sample
 
 logger = logging.getLogger(__name__)
 
@@ -113,25 +114,13 @@ class CompletionDataset(FairseqDataset):
         return False
 
 
-def prefix_sample(sample: Dict, pad: int, eos: int) -> Dict:
-    """The batch as the decoder sees it at generation time: ``src_tokens`` =
-    [eos, prefix], ``target`` = the reference continuation (right-padded)."""
-    prefix = sample["prefix"]
-    bsz = prefix.size(0)
-    src = torch.cat([prefix.new_full((bsz, 1), eos), prefix], dim=1)
-    k = prefix.size(1)
-    continuation = sample["target"][:, k:]
-    return {
-        **sample,
-        "net_input": {"src_tokens": src, "src_lengths": src.new_full((bsz,), src.size(1))},
-        "target": continuation,
-        "ntokens": int(continuation.ne(pad).sum()),
-    }
-
-
 @register_task("text_completion", dataclass=TextCompletionConfig)
 class TextCompletionTask(TaskBatching, LanguageModelingTask):
     """Continue a k-token prefix; see the module docstring."""
+
+    # its batches carry the prompt as sample["prefix"] (target-side tokens), which decoded
+    # candidates continue and source-aware costs read as their source (costs.batch_scorer)
+    continues_prefixes = True
 
     def __init__(self, args, *rest, **kwargs):
         check_options(TextCompletionConfig, args)

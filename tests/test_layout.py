@@ -1,0 +1,126 @@
+"""The plugin's layout (README, "Layout"): imports go one way, from a layer to those below
+it; no modules import each other in a circle; no two modules share a name; and the
+decoding layer stays small enough to hold. Every import counts, also one inside a
+function."""
+import ast
+import os
+from typing import Dict, List, Set
+
+from conftest import REPO
+
+PACKAGE = os.path.join(REPO, "fairseq_ext")
+# top to bottom; a package may import its own layer and those below it
+LAYERS = [
+    {"<commands>", "synthetic"},  # the package's __init__, options, finetune; the designed tasks register it all
+    {"criterions"},
+    {"tasks"},
+    {"generators", "models"},
+    {"costs"},
+    {"decoding", "scoring"},
+    {"evaluation"},
+    {"runtime"},
+    {"core"},
+]
+DECODING_MAX_LINES = 2000
+
+
+def _modules() -> Dict[str, str]:
+    """{dotted module name: file} of every module of the package."""
+    out = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                dotted = os.path.relpath(path[:-3], REPO).replace(os.sep, ".")
+                out[dotted[: -len(".__init__")] if dotted.endswith(".__init__") else dotted] = path
+    return out
+
+
+def _imports(modules: Dict[str, str]) -> Dict[str, Set[str]]:
+    """{module: the package's modules it imports} (``from a.b import c`` counts a.b, and a.b.c
+    where that is a module)."""
+    out = {}
+    for module, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            names: List[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            found.update(n for n in names if n in modules and n != module)
+        out[module] = found
+    return out
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    package = parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in set().union(*LAYERS)) else "<commands>"
+    return next(i for i, layer in enumerate(LAYERS) if package in layer)
+
+
+def _arrows_up(imports: Dict[str, Set[str]]) -> List[str]:
+    return [f"{a} -> {b}" for a, targets in imports.items() for b in sorted(targets)
+            if b != "fairseq_ext" and _layer(b) < _layer(a)]
+
+
+def _circles(imports: Dict[str, Set[str]]) -> List[str]:
+    """Every circle a depth-first walk of the import graph closes (the package's own
+    ``__init__``, which every submodule's import runs first, left out)."""
+    graph = {a: {b for b in targets if b != "fairseq_ext"} for a, targets in imports.items()}
+    circles, state = [], {}
+
+    def visit(module, path):
+        state[module] = "open"
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == "open":
+                circles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state:
+                visit(target, path + [target])
+        state[module] = "done"
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    return circles
+
+
+def test_imports_go_down_the_layers():
+    modules = _modules()
+    assert len(modules) > 60
+    up = _arrows_up(_imports(modules))
+    assert not up, "imports up a layer:\n" + "\n".join(up)
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    circles = _circles(_imports(_modules()))
+    assert not circles, "circles:\n" + "\n".join(circles)
+
+
+def test_the_checks_see_an_arrow_up_and_a_circle():
+    """The two checks on made-up graphs: the core importing a criterion goes up; the
+    criterion importing the core goes down; two steps importing each other, or three in a
+    ring, are circles."""
+    assert _arrows_up({"fairseq_ext.core.risk": {"fairseq_ext.criterions.mrt"}}) == [
+        "fairseq_ext.core.risk -> fairseq_ext.criterions.mrt"]
+    assert _arrows_up({"fairseq_ext.criterions.mrt": {"fairseq_ext.core.risk", "fairseq_ext"}}) == []
+    assert _arrows_up({"fairseq_ext.runtime.cli": {"fairseq_ext.options"}}) == [
+        "fairseq_ext.runtime.cli -> fairseq_ext.options"]
+    a, b, c = "fairseq_ext.decoding.a", "fairseq_ext.decoding.b", "fairseq_ext.decoding.c"
+    assert _circles({a: {b}, b: {a}}) == [f"{a} -> {b} -> {a}"]
+    assert _circles({a: {b}, b: {c}, c: {a}}) == [f"{a} -> {b} -> {c} -> {a}"]
+    assert _circles({a: {b, c}, b: {c}, c: set()}) == []
+
+
+def test_no_two_modules_share_a_name():
+    names: Dict[str, List[str]] = {}
+    for module, path in _modules().items():
+        if os.path.basename(path) != "__init__.py":
+            names.setdefault(module.rsplit(".", 1)[-1], []).append(module)
+    shared = {name: found for name, found in names.items() if len(found) > 1}
+    assert not shared, shared
+
+
+def test_the_decoding_layer_stays_small():
+    lines = sum(sum(1 for _ in open(path)) for module, path in _modules().items()
+                if module.startswith("fairseq_ext.decoding"))
+    assert 1000 < lines <= DECODING_MAX_LINES, lines
