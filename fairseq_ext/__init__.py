@@ -21,7 +21,6 @@ from fairseq_ext.runtime import cli, dictionaries, parser  # noqa: E402
 from fairseq_ext.runtime.compat import (  # noqa: E402
     patch_amp_loss_scaler,
     patch_checkpoint_copies,
-    patch_checkpoint_directory_check,
     patch_checkpoint_errors,
     patch_checkpoint_loading,
     patch_criterion_configuration,
@@ -33,7 +32,6 @@ from fairseq_ext.runtime.compat import (  # noqa: E402
 
 patch_checkpoint_loading()
 patch_checkpoint_copies()
-patch_checkpoint_directory_check()
 patch_criterion_state()
 patch_criterion_configuration()
 patch_resume_batches()

@@ -152,6 +152,30 @@ def _preload():
             importlib.import_module(module)
         except ImportError:
             pass
+    _unique_save_dir_check()
+
+
+def _unique_save_dir_check():
+    """fairseq-train's start-up check that ``--save-dir`` (default ``checkpoints``, also
+    under ``--no-save``) is writable creates and deletes ``SAVE_DIR/dummy``: the suite's
+    commands that run at once from one working directory race on that one name, and the
+    loser dies of ``FileNotFoundError``. Here the check writes a uniquely named temporary
+    file instead: the same test of writability, the same warning and error when it fails."""
+    import logging
+    import tempfile
+
+    from fairseq import checkpoint_utils
+
+    def verify_checkpoint_directory(save_dir):
+        os.makedirs(save_dir, exist_ok=True)
+        try:
+            with tempfile.NamedTemporaryFile(dir=save_dir, prefix="dummy."):
+                pass
+        except OSError:
+            logging.getLogger("fairseq.checkpoint_utils").warning(
+                "Unable to access checkpoint save directory: {}".format(save_dir))
+            raise
+    checkpoint_utils.verify_checkpoint_directory = verify_checkpoint_directory
 
 
 def _fresh_logging():

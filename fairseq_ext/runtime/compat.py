@@ -18,9 +18,6 @@ Without the plugin, run fairseq with ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``.
 Crash safety: ``patch_checkpoint_copies`` makes fairseq's copies of a checkpoint
 to ``checkpoint_last.pt`` / ``checkpoint_best.pt`` atomic (see its docstring).
 
-Concurrent runs: ``patch_checkpoint_directory_check`` makes fairseq's start-up write
-test of ``--save-dir`` safe for several runs sharing a directory (see its docstring).
-
 Criterion configuration: ``patch_criterion_configuration`` gives a plugin criterion the
 whole fairseq-train configuration (its text costs detokenize with the data's tokenizer).
 
@@ -54,10 +51,10 @@ import functools
 import inspect
 import logging
 import os
+import pickle
 import queue
 import re
 import shutil
-import tempfile
 import threading
 import time
 import types
@@ -93,7 +90,10 @@ class _TrustingTorch(types.ModuleType):
 
 
 def patch_checkpoint_loading() -> None:
-    """Make fairseq's checkpoint loading work under torch >= 2.6 (idempotent)."""
+    """fairseq 0.12 reads checkpoints with ``torch.load``, which torch >= 2.6 makes refuse them.
+
+    In fairseq's two modules that load checkpoints, ``torch.load`` passes
+    ``weights_only=False`` unless the caller chose (the module's docstring; idempotent)."""
     from fairseq import checkpoint_utils
     from fairseq.distributed import utils as distributed_utils
 
@@ -123,7 +123,9 @@ def _atomic_copy(original: Callable) -> Callable:
 
 
 def patch_checkpoint_copies() -> None:
-    """fairseq writes each checkpoint once (to a temporary file, then renamed) and
+    """fairseq copies a checkpoint to its other names non-atomically: a kill leaves it truncated.
+
+    fairseq writes each checkpoint once (to a temporary file, then renamed) and
     copies it to the other names (``checkpoint_last.pt``, ``checkpoint_best.pt``)
     with a plain ``shutil.copyfile``: a run killed during that copy leaves a
     truncated ``checkpoint_last.pt`` and cannot resume (``EOFError: Ran out of
@@ -137,35 +139,6 @@ def patch_checkpoint_copies() -> None:
         return
     checkpoint_utils.PathManager = type("AtomicCopyPathManager", (manager,),
                                         {"copy": staticmethod(_atomic_copy(manager.copy))})
-
-
-def _verify_checkpoint_directory(save_dir: str) -> None:
-    """fairseq's check, with a temporary file no other process can name."""
-    os.makedirs(save_dir, exist_ok=True)
-    try:
-        with tempfile.NamedTemporaryFile(dir=save_dir, prefix="dummy."):
-            pass
-    except OSError:
-        logging.getLogger("fairseq.checkpoint_utils").warning(
-            "Unable to access checkpoint save directory: {}".format(save_dir))
-        raise
-
-
-_verify_checkpoint_directory.__fairseq_ext_safe__ = True
-
-
-def patch_checkpoint_directory_check() -> None:
-    """At start-up ``fairseq-train`` checks that ``--save-dir`` (default
-    ``checkpoints``, even under ``--no-save``) is writable by creating and deleting
-    ``SAVE_DIR/dummy``. Two runs starting together in one directory (a sweep of
-    ``--no-save`` runs from one working directory) race on that one name, and the
-    loser dies with ``FileNotFoundError: ... checkpoints/dummy`` (it failed a test
-    run of ours). The check now uses a uniquely named temporary file: the same
-    test of writability, the same warning and error when it fails (idempotent)."""
-    from fairseq import checkpoint_utils
-
-    if not getattr(checkpoint_utils.verify_checkpoint_directory, "__fairseq_ext_safe__", False):
-        checkpoint_utils.verify_checkpoint_directory = _verify_checkpoint_directory
 
 
 _SAVED_CRITERION: dict = {}  # checkpoint path -> its saved criterion options, from loading it until resuming
@@ -185,7 +158,9 @@ def _warn_changed_criterion(path: str, saved, current) -> None:
 
 
 def patch_criterion_state() -> None:
-    """Carry a criterion's running state through checkpoints (idempotent).
+    """fairseq checkpoints no state of a criterion without parameters, and gives none back.
+
+    Carry a criterion's running state through checkpoints (idempotent).
 
     fairseq checkpoints a criterion's state only when the criterion has parameters
     (and wraps such a criterion in DDP), and ``Trainer.load_checkpoint`` does not
@@ -231,8 +206,10 @@ def patch_criterion_state() -> None:
 
 
 def patch_criterion_configuration() -> None:
-    """Give a plugin criterion the whole fairseq-train configuration (idempotent): fairseq
-    builds a criterion from the criterion's section alone, but text costs need the data's
+    """fairseq builds a criterion from its own section of the configuration alone.
+
+    Give a plugin criterion the whole fairseq-train configuration (idempotent): text costs
+    need the data's
     ``--tokenizer`` and ``--bpe``. ``Trainer.__init__`` calls the criterion's
     ``configure_from_training(cfg)`` where it has one, in every data-parallel worker,
     before the trainer is built."""
@@ -277,7 +254,9 @@ EXACT_RESUME_ENV = "FAIRSEQ_EXT_EXACT_RESUME"
 
 
 def patch_resume_batches() -> None:
-    """A resumed run trains the same model as the uninterrupted one (idempotent; on unless
+    """fairseq cuts a resumed run's batches with another seed than the uninterrupted run's.
+
+    A resumed run trains the same model as the uninterrupted one (idempotent; on unless
     ``FAIRSEQ_EXT_EXACT_RESUME=0`` is in the environment, which keeps fairseq's batches).
 
     fairseq-fixed 0.12.3.1's ``FairseqTask.get_batch_iterator`` cuts the length-sorted
@@ -338,7 +317,9 @@ AMP_FIX_ENV = "FAIRSEQ_EXT_AMP_FIX"
 
 
 def patch_amp_loss_scaler() -> None:
-    """``--amp`` unscales the gradient once, and its loss scaler starts at
+    """fairseq 0.12's ``--amp`` unscales the gradient twice and ignores its scaler's options.
+
+    ``--amp`` unscales the gradient once, and its loss scaler starts at
     ``--amp-init-scale`` and grows after ``--amp-scale-window`` updates, as fairseq
     documents (idempotent).
 
@@ -402,7 +383,9 @@ def patch_amp_loss_scaler() -> None:
 
 
 def stop_batch_threads_at_exit() -> None:
-    """fairseq makes training batches in a daemon thread (``BufferedIterator``,
+    """fairseq's batch thread can still run in torch at exit, and the process aborts (exit 134).
+
+    fairseq makes training batches in a daemon thread (``BufferedIterator``,
     ``--data-buffer-size`` > 0), still running when a run stops in the middle of an
     epoch (``--max-update``). At interpreter exit that thread can be inside torch
     while torch's static objects are destroyed: the process then aborts with
@@ -434,7 +417,9 @@ def _with_input_errors(load_dataset: Callable) -> Callable:
 
 
 def patch_input_errors() -> None:
-    """A data directory or split that does not exist ends the command with one line
+    """fairseq reports a data directory or split that does not exist with a traceback.
+
+    A data directory or split that does not exist ends the command with one line
     naming the path (``ConfigError``), not fairseq's ``FileNotFoundError`` traceback
     (idempotent).
 
@@ -519,13 +504,41 @@ def _dictionaries(task) -> list:
     return out
 
 
+_UNREADABLE = ("PytorchStreamReader", "zip archive", "central directory", "invalid load key", "unpickling")
+
+
+def not_a_checkpoint(path: str, error: BaseException) -> Optional[str]:
+    """Why loading ``path`` as a fairseq checkpoint raised ``error``, where the reason is the
+    file: not a file torch can read (truncated, another format: ``UnpicklingError: ...``), or
+    one that holds no fairseq checkpoint (a tensor, a dict without a ``model`` entry); None
+    for a fairseq checkpoint, whose error is something else (fairseq's upgrade steps, the
+    plugin's), to propagate as it is."""
+    def cause(e: BaseException) -> str:
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    if isinstance(error, (pickle.UnpicklingError, EOFError)) or (
+            isinstance(error, RuntimeError) and any(mark in str(error) for mark in _UNREADABLE)):
+        return cause(error)
+    try:
+        held = torch.load(path, map_location="cpu", **({"weights_only": False} if _HAS_WEIGHTS_ONLY else {}))
+    except Exception as e:  # the file itself does not load
+        return cause(e)
+    if isinstance(held, dict) and "model" in held and ("cfg" in held or "args" in held):
+        return None
+    what = f"a dict with {', '.join(map(repr, list(held)[:4]))}" if isinstance(held, dict) else f"a {type(held).__name__}"
+    return f"not a fairseq checkpoint: it holds {what}, not fairseq's model and cfg entries"
+
+
 def patch_checkpoint_errors() -> None:
-    """A checkpoint that does not load ends the command with one line naming the file
+    """fairseq reports a checkpoint that is missing, unreadable or unfit with a traceback.
+
+    A checkpoint that does not load ends the command with one line naming the file
     and the cause (``ConfigError``), instead of a traceback (idempotent):
 
     * ``checkpoint_utils.load_checkpoint_to_cpu`` (every checkpoint fairseq reads):
-      a file that is missing or is not a checkpoint (truncated, another format, not
-      a fairseq checkpoint) gives ``FILE: cannot load it as a checkpoint (CAUSE)``;
+      a missing file gives ``FILE: no such checkpoint file``, and a file that is not a
+      checkpoint (truncated, another format, not a fairseq checkpoint:
+      ``not_a_checkpoint``) ``FILE: cannot load it as a checkpoint (CAUSE)``; any other
+      error while loading a checkpoint propagates with its own traceback;
     * ``fairseq-train``: a ``--restore-file`` other than the default that does not
       exist (fairseq would silently train from scratch) and a missing
       ``--finetune-from-model`` (fairseq's ValueError traceback) give ``--restore-file
@@ -556,13 +569,13 @@ def patch_checkpoint_errors() -> None:
     def load_checkpoint_to_cpu(path, *args, **kwargs):
         try:
             state = to_cpu(path, *args, **kwargs)
-        except (ConfigError, MemoryError):
-            raise
         except FileNotFoundError as e:
             raise ConfigError(f"{path}: no such checkpoint file") from e
-        except Exception as e:
-            cause = (str(e).strip().splitlines() or [""])[0]
-            raise ConfigError(f"{path}: cannot load it as a checkpoint ({type(e).__name__}: {cause})") from e
+        except (pickle.UnpicklingError, EOFError, RuntimeError, KeyError, TypeError, AttributeError) as e:
+            reason = not_a_checkpoint(path, e)
+            if reason is None:  # a checkpoint, and something else went wrong: its own traceback
+                raise
+            raise ConfigError(f"{path}: cannot load it as a checkpoint ({reason})") from e
         overrides = args[0] if args else kwargs.get("arg_overrides")
         upgrade_checkpoint_cfg(state.get("cfg") if isinstance(state, dict) else None, overrides)
         cfg = state.get("cfg") if isinstance(state, dict) else None

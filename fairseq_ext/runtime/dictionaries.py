@@ -91,7 +91,9 @@ def check(path: str, saved: Optional[Dict[str, dict]], task) -> None:
 
 
 def patch_dictionary_check() -> None:
-    """Save the task's dictionary fingerprints with every checkpoint and check them on loading
+    """fairseq loads a checkpoint trained with another dictionary of the same size without a word.
+
+    Save the task's dictionary fingerprints with every checkpoint and check them on loading
     (idempotent; see the module's docstring). Apply after ``compat.patch_checkpoint_errors``."""
     from fairseq import checkpoint_utils
     from fairseq.trainer import Trainer
