@@ -13,6 +13,18 @@ finished() {
   grep -qs "done training in" "$1"
 }
 
+# defaults NAME=VALUE...: the recipe's environment settings: each NAME keeps the value the
+# environment gives it and takes VALUE where it is unset or empty (NAME=${NAME:-VALUE}), in order.
+# The caller expands every VALUE before the first is set: a default that reads another NAME of
+# the same call goes in a later call
+defaults() {
+  local kv var
+  for kv; do
+    var=${kv%%=*}
+    [ -n "${!var:-}" ] || printf -v "$var" '%s' "${kv#*=}"
+  done
+}
+
 # seed_spec NAME TEMPLATE: scripts/score/compare_runs.py's "NAME=FILE,FILE,..." argument, one FILE per seed in
 # $SEEDS: TEMPLATE with every @SEED@ replaced by the seed
 seed_spec() {
@@ -156,6 +168,7 @@ completion_eval() {
 #
 # In the recipe:  STAGES=(a b c); PATH_VARS=(RAW_DIR DATA); recipe_args "$@"
 #                 if stage a; then given DATA || run ...; stage_done a; fi
+#                 (for a stage of one command: stage_unless_given a DATA run ...)
 # A path variable the user sets (a binarized data directory, a trained checkpoint)
 # stands for what a stage would make: `given VAR` says so and the stage makes nothing.
 # ---------------------------------------------------------------------------
@@ -222,6 +235,18 @@ given() {  # VAR...: true when the user set every VAR (printing so): the stage h
   is_given "$@" || return 1
   local name
   for name; do echo "# $name=${!name} given: nothing to make"; done
+}
+
+# stage_unless_given NAME VAR CMD ARGS...: the stage NAME (when stage NAME is true) whose one
+# command CMD ARGS... (run ..., run_log ..., train ...) makes what VAR names, and makes nothing
+# when the user gave VAR (given VAR); then stage_done NAME. The caller expands ARGS whether or
+# not the stage runs: they must have no side effects
+stage_unless_given() {
+  local name=$1 var=$2
+  shift 2
+  stage "$name" || return 0
+  given "$var" || "$@"
+  stage_done "$name"
 }
 
 abspath() {  # PATH -> absolute (the recipes cd to the repository root)

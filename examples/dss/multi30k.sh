@@ -29,17 +29,8 @@ cd "$(dirname "$0")/../.."
 . examples/lib.sh
 WORK=${1:?usage: $0 WORK_DIR}
 : "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
-SEEDS=${SEEDS:-1 2 3}
-KS=${KS:-1 10 100}
-FIXED_ALPHAS=${FIXED_ALPHAS:-1}
-GROWTHS=${GROWTHS:-2}
-PATIENCE=${PATIENCE:-3}
-MAX_EPOCH=${MAX_EPOCH:-15}
-JOBS=${JOBS:-2}
-VOCAB=${VOCAB:-4000}
-STAGES=${STAGES:-tune restarts table}
-ONLY=${ONLY:-$DSS_SYSTEMS}
-PYTHON=${PYTHON:-python}
+defaults SEEDS="1 2 3" KS="1 10 100" FIXED_ALPHAS=1 GROWTHS=2 PATIENCE=3 MAX_EPOCH=15 JOBS=2 VOCAB=4000 \
+  STAGES="tune restarts table" ONLY="$DSS_SYSTEMS" PYTHON=python
 export OMP_NUM_THREADS=1 DSS_CE_AS_DSS=1
 # every run resumes its seed's epoch-1 warm-up checkpoint, so the plugin's exact resume (on by
 # default) would cut its batches otherwise than the published runs, made without it

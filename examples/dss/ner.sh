@@ -26,15 +26,8 @@ cd "$(dirname "$0")/../.."
 . examples/lib.sh
 WORK=${1:?usage: $0 WORK_DIR}
 : "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
-SEEDS=${SEEDS:-1 2 3}
-KS=${KS:-1 10 100}
-FIXED_ALPHAS=${FIXED_ALPHAS:-1 10}
-GROWTHS=${GROWTHS:-2}
-PATIENCE=${PATIENCE:-4}
-MAX_EPOCH=${MAX_EPOCH:-30}
-JOBS=${JOBS:-2}
-STAGES=${STAGES:-tune restarts table}
-PYTHON=${PYTHON:-python}
+defaults SEEDS="1 2 3" KS="1 10 100" FIXED_ALPHAS="1 10" GROWTHS=2 PATIENCE=4 MAX_EPOCH=30 JOBS=2 \
+  STAGES="tune restarts table" PYTHON=python
 export OMP_NUM_THREADS=1
 D=$FAIRSEQ_EXT_DATA/conll2003
 mkdir -p "$WORK"

@@ -37,13 +37,8 @@ cd "$(dirname "$0")/../.."
 WORK=${1:?usage: examples/mgs/completion_tables.sh WORK_DIR}
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
-SEEDS=${SEEDS:-1 2 3}
-BUDGET=${BUDGET:-300}
-PATIENCE=${PATIENCE:-10}
-MAX_BUDGET=${MAX_BUDGET:-1000}
-SAVE_EVERY=${SAVE_EVERY:-25}
-RUNS=${RUNS:-mle_cont mgs_lm mgs_lm_zero mgs_lm_mle mgs_edit}
-PYTHON=${PYTHON:-python}
+defaults SEEDS="1 2 3" BUDGET=300 PATIENCE=10 MAX_BUDGET=1000 SAVE_EVERY=25 \
+  RUNS="mle_cont mgs_lm mgs_lm_zero mgs_lm_mle mgs_edit" PYTHON=python
 MAX_LEN=40
 TASK=(--task text_completion --completion-context-size 3)
 log() { echo "==> $(date +%H:%M:%S) $*"; }

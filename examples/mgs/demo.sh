@@ -22,11 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 . examples/lib.sh
 WORK=${1:-demo_work}
-SEED=${SEED:-1}
-MLE_UPDATES=${MLE_UPDATES:-600}
-FT_UPDATES=${FT_UPDATES:-60}
-N_TRAIN=${N_TRAIN:-4000}
-N_TEST=${N_TEST:-200}
+defaults SEED=1 MLE_UPDATES=600 FT_UPDATES=60 N_TRAIN=4000 N_TEST=200
 MAX_LEN=40
 PYTHON=${PYTHON:-python}
 mkdir -p "$WORK"

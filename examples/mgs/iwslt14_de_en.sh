@@ -35,15 +35,9 @@ STAGES=(download prepare binarize mle mgs_sbleu mgs_edit mrt pg lstm_ce dss soft
 PATH_VARS=(IWSLT_RAW DATA MLE LSTM_CE)
 recipe_args "$@"
 URL=${IWSLT_URL:-http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz}
-BPE_TOKENS=${BPE_TOKENS:-10000}
-MLE_EPOCHS=${MLE_EPOCHS:-60}
-FT_EPOCHS=${FT_EPOCHS:-20}
-LSTM_EPOCHS=${LSTM_EPOCHS:-20}
-SPLITS=${SPLITS:-valid test}
+defaults BPE_TOKENS=10000 MLE_EPOCHS=60 FT_EPOCHS=20 LSTM_EPOCHS=20 SPLITS="valid test"
 ORIG=$WORK/orig/de-en
-DATA=${DATA:-$WORK/data-bin}
-MLE=${MLE:-$WORK/mle/checkpoint_best.pt}
-LSTM_CE=${LSTM_CE:-$WORK/lstm_ce/checkpoint_best.pt}
+defaults DATA="$WORK/data-bin" MLE="$WORK/mle/checkpoint_best.pt" LSTM_CE="$WORK/lstm_ce/checkpoint_best.pt"
 
 if stage download; then
   if ! given DATA; then
@@ -59,17 +53,12 @@ if stage download; then
   stage_done download
 fi
 
-if stage prepare; then
-  if ! given DATA; then
-    run "$PYTHON" scripts/prepare/prepare_translation.py "$WORK/prep" --src de --tgt en \
-      --train "$ORIG/train.tags.de-en.{l}" --iwslt-tags --valid-every 23 \
-      --test "$ORIG/IWSLT14.TED.dev2010.de-en.{l}.xml" "$ORIG/IWSLT14.TEDX.dev2012.de-en.{l}.xml" \
-      "$ORIG/IWSLT14.TED.tst2010.de-en.{l}.xml" "$ORIG/IWSLT14.TED.tst2011.de-en.{l}.xml" \
-      "$ORIG/IWSLT14.TED.tst2012.de-en.{l}.xml" \
-      --lowercase --min-len 1 --max-len 175 --ratio 1.5 --bpe-tokens "$BPE_TOKENS" --workers "$WORKERS"
-  fi
-  stage_done prepare
-fi
+stage_unless_given prepare DATA run "$PYTHON" scripts/prepare/prepare_translation.py "$WORK/prep" --src de --tgt en \
+  --train "$ORIG/train.tags.de-en.{l}" --iwslt-tags --valid-every 23 \
+  --test "$ORIG/IWSLT14.TED.dev2010.de-en.{l}.xml" "$ORIG/IWSLT14.TEDX.dev2012.de-en.{l}.xml" \
+  "$ORIG/IWSLT14.TED.tst2010.de-en.{l}.xml" "$ORIG/IWSLT14.TED.tst2011.de-en.{l}.xml" \
+  "$ORIG/IWSLT14.TED.tst2012.de-en.{l}.xml" \
+  --lowercase --min-len 1 --max-len 175 --ratio 1.5 --bpe-tokens "$BPE_TOKENS" --workers "$WORKERS"
 
 if stage binarize; then
   if ! given DATA; then
@@ -87,15 +76,10 @@ TRANSFORMER=(--arch transformer_iwslt_de_en --share-decoder-input-output-embed -
   --clip-norm 1.0 --patience -1)
 BLEU_VALID=(--eval-bleu --eval-bleu-args '{"beam": 5, "max_len_a": 1.2, "max_len_b": 10}' --eval-bleu-detok moses
   --eval-bleu-remove-bpe --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
-if stage mle; then
-  if ! given MLE; then
-    # shellcheck disable=SC2086
-    train mle "$DATA" "${TRANSFORMER[@]}" "${BLEU_VALID[@]}" --criterion label_smoothed_cross_entropy \
-      --label-smoothing 0.1 --max-tokens 4096 --update-freq "$(update_freq 1)" --max-epoch "$MLE_EPOCHS" \
-      ${EXTRA_TRANSFORMER:-}
-  fi
-  stage_done mle
-fi
+# shellcheck disable=SC2086
+stage_unless_given mle MLE train mle "$DATA" "${TRANSFORMER[@]}" "${BLEU_VALID[@]}" \
+  --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 --update-freq "$(update_freq 1)" \
+  --max-epoch "$MLE_EPOCHS" ${EXTRA_TRANSFORMER:-}
 
 # MGS A.4: fine-tuning from the MLE model with the same hyper-parameters, 16k-token batches x 4
 finetune() {  # STAGE batch and criterion options...
@@ -126,14 +110,9 @@ LSTM=(--arch lstm --encoder-layers 1 --decoder-layers 1 --encoder-bidirectional 
   --encoder-hidden-size 256 --decoder-embed-dim 256 --decoder-hidden-size 256 --decoder-out-embed-dim 256
   --dropout 0.2 --optimizer adam --lr 0.001 --clip-norm 1.0 --max-tokens 4096 --update-freq "$(update_freq 1)"
   "${BLEU_VALID[@]}")
-if stage lstm_ce; then
-  if ! given LSTM_CE; then
-    # shellcheck disable=SC2086
-    train lstm_ce "$DATA" "${LSTM[@]}" --criterion differentiable_scheduled_sampling --dss-warmup 1e12 \
-      --max-epoch "$LSTM_EPOCHS" ${EXTRA_LSTM:-}
-  fi
-  stage_done lstm_ce
-fi
+# shellcheck disable=SC2086
+stage_unless_given lstm_ce LSTM_CE train lstm_ce "$DATA" "${LSTM[@]}" --criterion differentiable_scheduled_sampling \
+  --dss-warmup 1e12 --max-epoch "$LSTM_EPOCHS" ${EXTRA_LSTM:-}
 if stage dss; then
   # teacher forcing in epoch 1, then eps = k / (k + exp(t / k)) per epoch with k = 100, soft-sample
   # inputs at a fixed alpha 1: the setting best on Multi30k's dev set (examples/dss/README.md);

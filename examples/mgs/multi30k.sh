@@ -29,14 +29,8 @@ cd "$(dirname "$0")/../.."
 . examples/lib.sh
 WORK=${1:?usage: $0 WORK_DIR}
 : "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
-MLE_UPDATES=${MLE_UPDATES:-3000}
-FT_UPDATES=${FT_UPDATES:-600}
-SEEDS=${SEEDS:-1 2 3}
-EVAL_EVERY=${EVAL_EVERY:-100}
-METHODS=${METHODS:-mle_cont mgs_sbleu mgs_edit mrt pg}
-VOCAB=${VOCAB:-2000}
-MGS_ALPHA=${MGS_ALPHA:-100}
-PYTHON=${PYTHON:-python}
+defaults MLE_UPDATES=3000 FT_UPDATES=600 SEEDS="1 2 3" EVAL_EVERY=100 \
+  METHODS="mle_cont mgs_sbleu mgs_edit mrt pg" VOCAB=2000 MGS_ALPHA=100 PYTHON=python
 mkdir -p "$WORK"
 log() { echo "==> $(date +%H:%M:%S) $*"; }
 

@@ -44,21 +44,11 @@ STAGES=(download prepare lm mgs_lm mgs_edit score ebm_data ebm_lm negatives ebm_
 PATH_VARS=(WIKITEXT_RAW DATA LM EBM_DATA BASE_LM)
 recipe_args "$@"
 URL=${WIKITEXT_URL:-https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip}
-VOCAB=${VOCAB:-50000}
-LM_UPDATES=${LM_UPDATES:-400000}
-MAX_LEN=${MAX_LEN:-500}
-PREFIX=${PREFIX:-120}
-CONT=${CONT:-40}
-NEGATIVES=${NEGATIVES:-16}
-NUM_NEG=${NUM_NEG:-8}
-EBM_UPDATES=${EBM_UPDATES:-100000}
-EVAL_SAMPLES=${EVAL_SAMPLES:-1000}
-EVAL_PREFIXES=${EVAL_PREFIXES:-0}
+defaults VOCAB=50000 LM_UPDATES=400000 MAX_LEN=500 PREFIX=120 CONT=40 NEGATIVES=16 NUM_NEG=8 \
+  EBM_UPDATES=100000 EVAL_SAMPLES=1000 EVAL_PREFIXES=0
 RAW=$WORK/raw
-DATA=${DATA:-$WORK/data/bin}
-LM=${LM:-$WORK/lm/checkpoint_best.pt}
-EBM_DATA=${EBM_DATA:-$WORK/ebm_data/bin}
-BASE_LM=${BASE_LM:-$WORK/ebm_lm/checkpoint_best.pt}
+defaults DATA="$WORK/data/bin" LM="$WORK/lm/checkpoint_best.pt" EBM_DATA="$WORK/ebm_data/bin" \
+  BASE_LM="$WORK/ebm_lm/checkpoint_best.pt"
 TASK=(--task text_completion --completion-context-size 10 --skip-invalid-size-inputs-valid-test)
 GPT=(--arch transformer_lm_gpt --share-decoder-input-output-embed --optimizer adam --adam-betas '(0.9, 0.999)'
   --clip-norm 1.0)
@@ -78,24 +68,14 @@ if stage download; then
   stage_done download
 fi
 
-if stage prepare; then
-  if ! given DATA; then
-    run "$PYTHON" scripts/prepare/prepare_wikitext_completion.py "$RAW" "$WORK/data" --context-size 10 \
-      --vocab-size "$VOCAB" --workers "$WORKERS"
-  fi
-  stage_done prepare
-fi
+stage_unless_given prepare DATA run "$PYTHON" scripts/prepare/prepare_wikitext_completion.py "$RAW" "$WORK/data" \
+  --context-size 10 --vocab-size "$VOCAB" --workers "$WORKERS"
 
-if stage lm; then
-  if ! given LM; then
-    # from scratch (the paper fine-tunes GPT-2: see examples/README.md for converted weights)
-    # shellcheck disable=SC2086
-    train lm "$DATA" "${TASK[@]}" "${GPT[@]}" --lr 5e-4 --lr-scheduler inverse_sqrt --warmup-updates 4000 \
-      --max-tokens 1024 --update-freq "$(update_freq 1)" --max-update "$LM_UPDATES" \
-      --validate-interval-updates 5000 --save-interval-updates 5000 --keep-interval-updates 1 ${EXTRA_LM:-}
-  fi
-  stage_done lm
-fi
+# from scratch (the paper fine-tunes GPT-2: see examples/README.md for converted weights)
+# shellcheck disable=SC2086
+stage_unless_given lm LM train lm "$DATA" "${TASK[@]}" "${GPT[@]}" --lr 5e-4 --lr-scheduler inverse_sqrt \
+  --warmup-updates 4000 --max-tokens 1024 --update-freq "$(update_freq 1)" --max-update "$LM_UPDATES" \
+  --validate-interval-updates 5000 --save-interval-updates 5000 --keep-interval-updates 1 ${EXTRA_LM:-}
 
 # MGS A.3: the MLE hyper-parameters, 4 candidates, pi = 0.5, greedy decoding up to 1.3 x the longest
 # reference, MLE gradient clipped to 1, noise per weight tensor; validation every 100 updates,
@@ -132,24 +112,14 @@ fi
 # Residual EBM (Deng et al., section 4.1): prefix 120, continuation 40 tokens
 T=(--user-dir "$(fairseq-ext-dir)" --task residual_lm --residual-base-lm "$BASE_LM" --residual-prefix-len "$PREFIX"
   --residual-continuation-len "$CONT" --residual-negatives-dir "$WORK/negatives" --residual-num-negatives "$NUM_NEG")
-if stage ebm_data; then
-  if ! given EBM_DATA; then
-    run "$PYTHON" scripts/prepare/prepare_wikitext_completion.py "$RAW" "$WORK/ebm_data" --context-size 1 \
-      --vocab-size "$VOCAB" --workers "$WORKERS"
-  fi
-  stage_done ebm_data
-fi
-if stage ebm_lm; then
-  if ! given BASE_LM; then
-    # shellcheck disable=SC2086
-    train ebm_lm "$EBM_DATA" --task language_modeling --arch transformer_lm --decoder-layers 12 \
-      --decoder-embed-dim 1024 --decoder-ffn-embed-dim 4096 --decoder-attention-heads 16 \
-      --share-decoder-input-output-embed --dropout 0.1 "${FP16_ARGS[@]}" --tokens-per-sample 512 --optimizer adam \
-      --adam-betas '(0.9, 0.98)' --clip-norm 1.0 --lr 5e-4 --lr-scheduler cosine --warmup-updates 4000 \
-      --max-tokens 8192 --update-freq "$(update_freq 8)" --max-update "$LM_UPDATES" ${EXTRA_LM:-}
-  fi
-  stage_done ebm_lm
-fi
+stage_unless_given ebm_data EBM_DATA run "$PYTHON" scripts/prepare/prepare_wikitext_completion.py "$RAW" \
+  "$WORK/ebm_data" --context-size 1 --vocab-size "$VOCAB" --workers "$WORKERS"
+# shellcheck disable=SC2086
+stage_unless_given ebm_lm BASE_LM train ebm_lm "$EBM_DATA" --task language_modeling --arch transformer_lm \
+  --decoder-layers 12 --decoder-embed-dim 1024 --decoder-ffn-embed-dim 4096 --decoder-attention-heads 16 \
+  --share-decoder-input-output-embed --dropout 0.1 "${FP16_ARGS[@]}" --tokens-per-sample 512 --optimizer adam \
+  --adam-betas '(0.9, 0.98)' --clip-norm 1.0 --lr 5e-4 --lr-scheduler cosine --warmup-updates 4000 \
+  --max-tokens 8192 --update-freq "$(update_freq 8)" --max-update "$LM_UPDATES" ${EXTRA_LM:-}
 if stage negatives; then
   run_log "$WORK/logs/negatives.log" "$PYTHON" scripts/prepare/sample_negatives.py "$EBM_DATA" "${T[@]}" "${GEN_DEVICE[@]}" \
     --splits train,valid --num-samples "$NEGATIVES" --sample-batch-size 64 --seed 1

@@ -24,10 +24,7 @@ cd "$(dirname "$0")/../.."
 . examples/lib.sh
 WORK=${1:?usage: $0 WORK_DIR}
 : "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
-MLE_UPDATES=${MLE_UPDATES:-600}
-FT_UPDATES=${FT_UPDATES:-30}
-MAX_LEN=${MAX_LEN:-500}
-PYTHON=${PYTHON:-python}
+defaults MLE_UPDATES=600 FT_UPDATES=30 MAX_LEN=500 PYTHON=python
 mkdir -p "$WORK"
 log() { echo "==> $*"; }
 

@@ -36,19 +36,11 @@
 # (examples/mh_sampler/README.md); give a retrained CMLM a new WORK_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. examples/lib.sh
 WORK=${1:?usage: $0 WORK_DIR}
 : "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
-UPDATES=${UPDATES:-12000}
-SENTENCES=${SENTENCES:-50}
-CHAINS=${CHAINS:-5}
-BURN_IN=${BURN_IN:-7}
-EPOCHS=${EPOCHS:-26}
-JOBS=${JOBS:-2}
-SEED=${SEED:-1}
-VOCAB=${VOCAB:-4000}
-PYTHON=${PYTHON:-python}
+defaults UPDATES=12000 SENTENCES=50 CHAINS=5 BURN_IN=7 EPOCHS=26 JOBS=2 SEED=1 VOCAB=4000 PYTHON=python
 export OMP_NUM_THREADS=1
-. examples/lib.sh
 # the grid, checked before any work starts
 declare -A RUNS=()
 ORDER=""

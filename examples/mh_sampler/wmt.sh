@@ -46,14 +46,10 @@ recipe_args "$@"
 PAIR=${PAIR:-de-en}
 SRC=${PAIR%-*}
 TGT=${PAIR#*-}
-BPE_TOKENS=${BPE_TOKENS:-40000}
-MAX_UPDATE=${MAX_UPDATE:-300000}
-SUBSET=${SUBSET:-0}
-CHAINS=${CHAINS:-5}
+defaults BPE_TOKENS=40000 MAX_UPDATE=300000 SUBSET=0 CHAINS=5
 ORIG=$WORK/orig
 RAW=$WORK/raw
-DATA=${DATA:-$WORK/data-bin}
-CMLM=${CMLM:-$WORK/cmlm/checkpoint_best.pt}
+defaults DATA="$WORK/data-bin" CMLM="$WORK/cmlm/checkpoint_best.pt"
 
 case $PAIR in
   de-en|en-de)
@@ -174,21 +170,16 @@ if stage subset20; then
   stage_done subset20
 fi
 
-if stage cmlm; then
-  if ! given CMLM; then
-    # Mask-Predict's training command (facebookresearch/Mask-Predict README) in fairseq's
-    # cmlm_transformer; 8192 tokens x 16 = 128k tokens per update, as its 16 GPUs
-    # shellcheck disable=SC2086
-    train cmlm "$DATA" "${FP16_ARGS[@]}" --task translation_mh --noise random_mask --arch cmlm_transformer \
-      --share-all-embeddings --encoder-learned-pos --decoder-learned-pos --apply-bert-init --dropout 0.3 \
-      --weight-decay 0.01 --criterion nat_loss --label-smoothing 0.1 --length-loss-factor 0.1 --optimizer adam \
-      --adam-betas '(0.9, 0.999)' --adam-eps 1e-6 --lr 5e-4 --lr-scheduler inverse_sqrt --warmup-updates 10000 \
-      --warmup-init-lr 1e-7 --stop-min-lr 1e-9 --max-tokens 8192 --update-freq "$(update_freq 16)" \
-      --max-update "$MAX_UPDATE" --ddp-backend legacy_ddp --fixed-validation-seed 7 \
-      --save-interval-updates 10000 --keep-interval-updates 5 ${EXTRA_CMLM:-}
-  fi
-  stage_done cmlm
-fi
+# Mask-Predict's training command (facebookresearch/Mask-Predict README) in fairseq's
+# cmlm_transformer; 8192 tokens x 16 = 128k tokens per update, as its 16 GPUs
+# shellcheck disable=SC2086
+stage_unless_given cmlm CMLM train cmlm "$DATA" "${FP16_ARGS[@]}" --task translation_mh --noise random_mask \
+  --arch cmlm_transformer --share-all-embeddings --encoder-learned-pos --decoder-learned-pos --apply-bert-init \
+  --dropout 0.3 --weight-decay 0.01 --criterion nat_loss --label-smoothing 0.1 --length-loss-factor 0.1 \
+  --optimizer adam --adam-betas '(0.9, 0.999)' --adam-eps 1e-6 --lr 5e-4 --lr-scheduler inverse_sqrt \
+  --warmup-updates 10000 --warmup-init-lr 1e-7 --stop-min-lr 1e-9 --max-tokens 8192 --update-freq "$(update_freq 16)" \
+  --max-update "$MAX_UPDATE" --ddp-backend legacy_ddp --fixed-validation-seed 7 \
+  --save-interval-updates 10000 --keep-interval-updates 5 ${EXTRA_CMLM:-}
 
 if stage baselines; then
   for set in "${SETS[@]}"; do

@@ -17,21 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 . examples/lib.sh
 WORK=${1:?usage: $0 WORK_DIR}
-SEEDS=${SEEDS:-1 2 3}
-LM_UPDATES=${LM_UPDATES:-150}
-NEG=${NEG:-16}
-NUM_NEG=${NUM_NEG:-4}
-EBM_EPOCHS=${EBM_EPOCHS:-40}
-PATIENCE=${PATIENCE:-5}
-VOCAB=${VOCAB:-12}
-P=${P:-8}
-L=${L:-6}
-TRAIN=${TRAIN:-4000}
-EVAL_SAMPLES=${EVAL_SAMPLES:-32}
-JOINT=${JOINT:-16}
-EBM_LR=${EBM_LR:-0.001}
-BATCH=${BATCH:-32}
-PYTHON=${PYTHON:-python}
+defaults SEEDS="1 2 3" LM_UPDATES=150 NEG=16 NUM_NEG=4 EBM_EPOCHS=40 PATIENCE=5 VOCAB=12 P=8 L=6 TRAIN=4000 \
+  EVAL_SAMPLES=32 JOINT=16 EBM_LR=0.001 BATCH=32 PYTHON=python
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 mkdir -p "$WORK"
 log() { echo "==> $(date +%H:%M:%S) $*"; }

@@ -45,20 +45,9 @@ cd "$(dirname "$0")/../.."
 . examples/lib.sh
 WORK=${1:?usage: $0 WORK_DIR}
 : "${FAIRSEQ_EXT_DATA:?set FAIRSEQ_EXT_DATA to the shared corpora directory}"
-SEEDS=${SEEDS:-1 2 3}
-PATIENCE=${PATIENCE:-4}
-SELECT=${SELECT:-hard}
-PRE_EPOCHS=${PRE_EPOCHS:-30}
-FT_EPOCHS=${FT_EPOCHS:-30}
-FT_LR=${FT_LR:-0.001}
-ALPHA_FINAL=${ALPHA_FINAL:-100}
-ALPHA_UPDATES=${ALPHA_UPDATES:-444}
-CE_CKPT=${CE_CKPT:-}
-DECODE_JOBS=${DECODE_JOBS:-1}
-PYTHON=${PYTHON:-python}
-TAG_COLUMN=${TAG_COLUMN:-ner}
-ARCH=${ARCH:-tagging_lstm_$TAG_COLUMN}
-ENCODER=${ENCODER:-bi}
+defaults SEEDS="1 2 3" PATIENCE=4 SELECT=hard PRE_EPOCHS=30 FT_EPOCHS=30 FT_LR=0.001 ALPHA_FINAL=100 \
+  ALPHA_UPDATES=444 CE_CKPT= DECODE_JOBS=1 PYTHON=python TAG_COLUMN=ner
+defaults ARCH="tagging_lstm_$TAG_COLUMN" ENCODER=bi
 case "$TAG_COLUMN" in
   ner) BEST=f1; METRIC="F1 (micro, conlleval)"; HAMMING="--soft-beam-hamming-weights O=2.0" ;;
   pos) BEST=tag_acc; METRIC="token accuracy"; HAMMING="" ;;
