@@ -225,7 +225,7 @@ def assert_shards_make_one_run(cmd, shards=2, timeout=600):
 # numbers).
 EXPECTED_SECONDS = {
     "test_recipes": 180, "test_dss_exposure_bias": 170, "test_real_data": 150, "test_soft_beam": 120,
-    "test_lean_step": 110, "test_distributed": 95, "test_robustness": 85,
+    "test_static_cache_steps": 110, "test_distributed": 95, "test_robustness": 85,
     "test_residual_distinct": 70, "test_tagging": 65, "test_mh_sampler": 65,
     "test_demo": 60, "test_bench_soft_beam_smoke": 55, "test_forkserver": 45, "test_compiled_step": 40,
     "test_prepare_translation": 40, "test_mgs_distributed": 30, "test_option_errors": 30, "test_soft_beam_label_bias": 27,
