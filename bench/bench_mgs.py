@@ -173,7 +173,7 @@ def breakdown(model, sample: Dict, crit: MGSCriterion, args, device: torch.devic
                 search._noise(j, i, reuse=True)
 
     def direction():
-        ParameterSearch(params, grads, crit.proposal, args.seed).direction(uniform)
+        ParameterSearch(params, grads, crit.proposal, args.seed).direction(uniform, lean=True)
 
     def mle_grad():
         _, g, _, _ = crit._mle_gradient(model, sample)
@@ -181,8 +181,9 @@ def breakdown(model, sample: Dict, crit: MGSCriterion, args, device: torch.devic
 
     def surrogate():
         model.zero_grad(set_to_none=True)
-        d = ParameterSearch(params, grads, crit.proposal, args.seed).direction(uniform)
-        return timed(lambda: sum((p * (-x)).sum() for p, x in zip(params, d)).backward(), device)
+        search = ParameterSearch(params, grads, crit.proposal, args.seed)
+        d = search.direction(uniform, lean=True)
+        return timed(lambda: sum((p * (-x)).sum() for p, x in zip(params, search.split(d))).backward(), device)
 
     parts = {
         "decode": lambda: crit.scorer.decode(model, sample, crit.decode_cfg),

@@ -45,7 +45,7 @@ def test_weights_and_direction_hand_computed():
     w = mgs_weights(1.0, torch.tensor([0.8, 0.9], dtype=torch.float64), torch.zeros(2), alpha=2.0)
     w0 = 1.0 / (1.0 + math.exp(-0.2))
     assert w[0].item() == pytest.approx(w0, abs=1e-12) and w[1].item() == pytest.approx(1 - w0, abs=1e-12)
-    (direction,) = search.direction(w)
+    (direction,) = search.split(search.direction(w))
     assert torch.allclose(direction, w0 * delta0 + (1 - w0) * delta1, atol=1e-6)
 
 
@@ -182,10 +182,10 @@ def test_weight_stats():
     dict(alternate=True, noise=0.2, noise_scale="absolute", importance="exact"),
 ], ids=["defaults", "exact", "none_zero", "mle_global", "alternate_absolute_exact"])
 def test_stacked_candidates_equal_the_sequential_perturbations(cfg):
-    """All K candidates at once (``stacked``, ``flat_direction``; flat draws, segmented
-    float64 sums) against one at a time (``perturbed``, ``direction``; per-tensor dot
-    products): the same parameter values bitwise, log q and the norms to 1e-6, the
-    direction to 1e-6; the parameters untouched. A tensor without gradient (sigma 0
+    """All K candidates at once (``stacked``, ``direction(lean=False)``; flat draws,
+    segmented float64 sums) against one at a time (``perturbed``, ``direction(lean=True)``;
+    per-tensor dot products): the same parameter values bitwise, log q and the norms to
+    1e-6, the direction to 1e-6; the parameters untouched. A tensor without gradient (sigma 0
     under per-tensor scales) included."""
     g = torch.Generator().manual_seed(1)
     shapes = [(3, 2), (4,), (50, 40), (1,), (7, 3)]
@@ -204,9 +204,8 @@ def test_stacked_candidates_equal_the_sequential_perturbations(cfg):
         assert info["log_q"] == pytest.approx(want["log_q"], rel=1e-6, abs=1e-6)
         assert info["norm"] == pytest.approx(want["norm"], rel=1e-6)
     w = torch.softmax(torch.randn(5, generator=g, dtype=torch.float64), 0)
-    flat = search.flat_direction(w)
-    for got, want in zip(search.split(flat), search.direction(w)):
-        assert torch.allclose(got, want, rtol=1e-6, atol=1e-7)
+    flat = search.direction(w)
+    assert torch.allclose(flat, search.direction(w, lean=True), rtol=1e-6, atol=1e-7)
     assert flat.abs().max().item() > 1e-3
 
 

@@ -14,36 +14,33 @@ weight them by self-normalised importance sampling (eq. 2-3, A.1)
 
 and return Delta = sum_k w_k Delta_k.
 
-Memory: candidates are never materialised together. Each Delta_k is a
-deterministic function of (seed, k, tensor index): the mixture component comes
-from a per-(seed, k) generator, the Gaussian noise of tensor i from a
-per-(seed, k, i) generator. ``ParameterSearch.perturbed(k)`` adds Delta_k to the
-parameters in place, one tensor at a time, and restores them bitwise from a single
-backup copy; ``direction`` regenerates every Delta_k tensor by tensor. Extra
-memory is one copy of the parameters (the backup) plus one scratch tensor the size
-of the largest parameter (every draw is written into it), whatever K.
-Workers that share the seed draw identical directions.
+One implementation of the update, in two memory modes. Each Delta_k is a deterministic
+function of (seed, k, tensor index): the mixture component comes from a per-(seed, k)
+generator, the Gaussian noise of tensor i from a per-(seed, k, i) generator, so Delta_k is
+drawn again wherever it is needed, never kept. ``ParameterSearch.deltas(k, lean)`` gives
+Delta_k and its log q and norm (``_info``: the squared distances from float64 sums of the
+draws, log q being a difference of large terms), and ``direction(weights, lean)`` the
+update Delta, both either
 
-Speed: the fixed cost of an update in parameter space is 2K Gaussian draws of
-the parameter vector (K to perturb, K to regenerate) plus a few passes over it;
-norms of gradients are float32 dot products (a float64 copy of every gradient cost
-as much as two draws); the squared distances in log q are float64 sums (one
-tensor's float64 copy at a time), log q being a difference of large terms.
+- ``lean`` (``--mgs-candidate-evaluation sequential``): tensor by tensor, every draw
+  written into one scratch tensor the size of the largest parameter; ``perturbed(k)``
+  adds Delta_k to the parameters in place and restores them bitwise from one backup.
+  Extra memory: one copy of the parameters, whatever K; or
+- all at once (``batched``): each candidate's draws into one flat buffer, the squared
+  distances of every tensor in one segmented sum; ``stacked`` writes theta and every
+  theta + Delta_k into one (K + 1, P) tensor (``StackedSets`` keeps it between updates)
+  for decoding them in one pass. Extra memory: the K + 1 copies, the flat gradient, one
+  flat draw and per-element sigmas; the operators an update launches do not grow with
+  the number of parameter tensors beyond one draw per tensor and candidate.
 
-All candidates at once (``stacked``, for decoding theta and its K perturbations in one
-batched pass): theta and every theta + Delta_k written into one (K + 1, P) tensor
-(the same numbers as ``perturbed`` gives the parameters), the squared distances of
-every tensor in one segmented sum a candidate (float64), and ``flat_direction``
-regenerating Delta from the same draws as one flat vector. Extra memory: the K + 1
-copies, the flat gradient, one flat draw and per-element sigmas (K + 4 copies of
-the parameters, transient float64 sums aside); the operators an update launches do
-not grow with the number of parameter tensors beyond one draw per tensor and candidate.
+Both give the parameters the same values, bitwise, and log q, norms and direction to
+rounding. Workers that share the seed draw identical directions.
 """
 import contextlib
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -208,6 +205,7 @@ class ParameterSearch:
         self._scratch: Optional[Tensor] = None
         self._gg_per_tensor: Optional[Tensor] = None
         self._flat_state = None
+        self.info: Optional[dict] = None  # the last ``deltas``' Delta_k {"log_q", "norm"}
 
     def _gg(self) -> Tensor:
         """(n,) float64 ||g_i||^2 of every tensor."""
@@ -248,57 +246,6 @@ class ParameterSearch:
             delta.sub_(self.grads[i].to(delta.dtype))
         return delta
 
-    def _log_densities(self, i: int, sq_zero: float, sq_mle: float) -> tuple:
-        """(log N(Delta_i | 0, s^2), log N(Delta_i | -g_i, s^2)) with s = sigma_i (exact) or 1 (unit)."""
-        n = self.params[i].numel()
-        s = self.sigmas[i] if self.cfg.importance == "exact" else 1.0
-        return gaussian_log_density(sq_zero, n, s), gaussian_log_density(sq_mle, n, s)
-
-    @contextlib.contextmanager
-    def perturbed(self, k: int) -> Iterator[dict]:
-        """theta <- theta + Delta_k inside the block, restored bitwise afterwards.
-
-        Yields {"log_q": log q(Delta_k) under ``cfg.importance``, "norm": ||Delta_k||}.
-        The squared distances come from eps without forming Delta + g: with
-        ee = ||eps||^2, eg = <eps, g>, gg = ||g||^2, a zero-mean draw has
-        ||Delta||^2 = s^2 ee and ||Delta + g||^2 = s^2 ee + 2 s eg + gg; an MLE
-        draw ||Delta + g||^2 = s^2 ee and ||Delta||^2 = s^2 ee - 2 s eg + gg.
-        The backup of theta is made once per update and reused by every candidate.
-        """
-        if self._backup is None:
-            self._backup = [p.detach().clone() for p in self.params]
-        mle = self.is_mle[k]
-        gg = self._gg().tolist()
-        logn_zero, logn_mle, sq_total = 0.0, 0.0, 0.0
-        try:
-            with torch.no_grad():
-                for i, p in enumerate(self.params):
-                    eps = self._noise(k, i, reuse=True)
-                    s, g = self.sigmas[i], self.grads[i]
-                    e64 = eps.reshape(-1).double()  # float64 sums: log q is a difference of large terms
-                    ee = float(torch.dot(e64, e64))
-                    eg = float(torch.dot(e64, g.reshape(-1).double()))
-                    del e64
-                    own = s * s * ee
-                    other = own + (-2.0 if mle else 2.0) * s * eg + gg[i]
-                    sq_zero, sq_mle = (other, own) if mle else (own, other)
-                    sq_total += sq_zero
-                    if self.cfg.importance != "none":
-                        z, m = self._log_densities(i, sq_zero, sq_mle)
-                        logn_zero, logn_mle = logn_zero + z, logn_mle + m
-                    delta = eps.mul_(s)  # in place: Delta_k,i exactly as ``piece`` computes it
-                    if mle:
-                        delta.sub_(g.to(delta.dtype))
-                    p.add_(delta)
-                    del eps, delta
-            log_q = 0.0 if self.cfg.importance == "none" else mixture_log_q(logn_zero, logn_mle, self.cfg.pi)
-            yield {"log_q": log_q, "norm": math.sqrt(max(sq_total, 0.0))}
-        finally:
-            with torch.no_grad():
-                for p, b in zip(self.params, self._backup):
-                    p.copy_(b)
-
-    # ------------------------------------------------------------ all candidates at once
     def _flat(self) -> dict:
         """Flat views of the update, built once: gradient (float32), per-element sigmas, a
         draw buffer and its per-tensor views, the tensors' sizes."""
@@ -322,82 +269,119 @@ class ParameterSearch:
             view.normal_(generator=gen)
         return f["eps"]
 
+    def _info(self, k: int, ee: Tensor, eg: Tensor) -> dict:
+        """Delta_k's {"log_q": log q(Delta_k) under ``cfg.importance``, "norm": ||Delta_k||}
+        from its draws' per-tensor float64 sums ee_i = ||eps_i||^2 and eg_i = <eps_i, g_i>,
+        without forming Delta + g: with gg = ||g||^2 and s = sigma_i, a zero-mean draw has
+        ||Delta||^2 = s^2 ee and ||Delta + g||^2 = s^2 ee + 2 s eg + gg; an MLE draw
+        ||Delta + g||^2 = s^2 ee and ||Delta||^2 = s^2 ee - 2 s eg + gg."""
+        s = torch.tensor(self.sigmas, dtype=torch.float64)
+        mle = self.is_mle[k]
+        own = s * s * ee
+        other = own + (-2.0 if mle else 2.0) * s * eg + self._gg().cpu()
+        sq_zero, sq_mle = (other, own) if mle else (own, other)
+        log_q = 0.0
+        if self.cfg.importance != "none":
+            n = torch.tensor(self.sizes, dtype=torch.float64)
+            scale = s if self.cfg.importance == "exact" else torch.ones_like(s)
+            log_q = mixture_log_q(_log_gaussians(sq_zero, n, scale).sum().item(),
+                                  _log_gaussians(sq_mle, n, scale).sum().item(), self.cfg.pi)
+        return {"log_q": log_q, "norm": math.sqrt(max(float(sq_zero.sum()), 0.0))}
+
+    def deltas(self, k: int, lean: bool) -> Iterator[tuple]:
+        """Delta_k = sigma eps_k (- g for an MLE draw), in the parameters' dtype, as
+        (index, values) pieces: ``lean``, tensor by tensor (index i, values of tensor i's
+        shape, drawn into one scratch buffer valid until the next piece: memory of one
+        tensor); else all at once (index None, one flat (P,) vector drawn into a flat buffer:
+        fewer operators). The same numbers either way. Afterwards ``self.info`` is Delta_k's
+        ``_info``."""
+        mle = self.is_mle[k]
+        if lean:
+            ee, eg = [], []
+            for i, p in enumerate(self.params):
+                eps, g = self._noise(k, i, reuse=True), self.grads[i]
+                e64 = eps.reshape(-1).double()  # float64 sums: log q is a difference of large terms
+                ee.append(float(torch.dot(e64, e64)))
+                eg.append(float(torch.dot(e64, g.reshape(-1).double())))
+                del e64
+                delta = eps.mul_(self.sigmas[i])
+                yield i, (delta.sub_(g.to(delta.dtype)) if mle else delta)
+            ee, eg = torch.tensor(ee, dtype=torch.float64), torch.tensor(eg, dtype=torch.float64)
+        else:
+            f, dtype = self._flat(), self.params[0].dtype
+            cast = self._draw_flat(k).to(dtype)
+            e32 = cast.float()
+            ee, eg = segment_sums(e32 * e32, self.sizes).cpu(), segment_sums(e32 * f["g"], self.sizes).cpu()
+            del e32
+            delta = cast.mul_(f["sigma"].to(dtype))
+            yield None, (delta.sub_(f["g"].to(dtype)) if mle else delta)
+        self.info = self._info(k, ee, eg)
+
+    @contextlib.contextmanager
+    def perturbed(self, k: int) -> Iterator[dict]:
+        """theta <- theta + Delta_k inside the block (``deltas(k, lean=True)``), restored bitwise
+        afterwards from one backup of theta, made once per update. Yields Delta_k's
+        {"log_q", "norm"}."""
+        if self._backup is None:
+            self._backup = [p.detach().clone() for p in self.params]
+        try:
+            with torch.no_grad():
+                for i, delta in self.deltas(k, lean=True):
+                    self.params[i].add_(delta)
+            yield self.info
+        finally:
+            with torch.no_grad():
+                for p, b in zip(self.params, self._backup):
+                    p.copy_(b)
+
     def stacked(self, out: Optional[Tensor] = None) -> tuple:
         """(W, infos): W (K + 1, P) holds theta (row 0) and theta + Delta_k (row k + 1), the
-        parameters flattened in order, each row the values ``perturbed(k)`` gives them; infos
-        the K ``{"log_q", "norm"}`` that ``perturbed`` yields. The parameters are not touched.
-        ``out``: a (K + 1, P) tensor of the parameters' dtype to write into."""
-        f = self._flat()
+        parameters flattened in order, each row the values ``perturbed(k)`` gives them
+        (``deltas(k, lean=False)``); infos the K ``{"log_q", "norm"}``. The parameters are not
+        touched. ``out``: a (K + 1, P) tensor of the parameters' dtype to write into."""
         k_count, dtype = self.cfg.num_candidates, self.params[0].dtype
         if out is None:
-            out = torch.empty(k_count + 1, len(f["eps"]), dtype=dtype, device=f["eps"].device)
+            out = torch.empty(k_count + 1, sum(self.sizes), dtype=dtype, device=self.flat_grad.device)
         theta = out[0]
         torch.cat([p.detach().reshape(-1) for p in self.params], out=theta)
-        g, sigma = f["g"], f["sigma"]
-        s = torch.tensor(self.sigmas, dtype=torch.float64)
-        gg = self._gg().cpu()
-        n = torch.tensor(self.sizes, dtype=torch.float64)
-        scale = s if self.cfg.importance == "exact" else torch.ones_like(s)
         infos = []
         for k in range(k_count):
-            eps = self._draw_flat(k)
-            cast = eps.to(dtype)
-            e32 = cast.float()
-            ee, eg = segment_sums(e32 * e32, self.sizes).cpu(), segment_sums(e32 * g, self.sizes).cpu()
-            del e32
-            mle = self.is_mle[k]
-            own = s * s * ee
-            other = own + (-2.0 if mle else 2.0) * s * eg + gg
-            sq_zero, sq_mle = (other, own) if mle else (own, other)
-            log_q = 0.0
-            if self.cfg.importance != "none":
-                z = _log_gaussians(sq_zero, n, scale).sum().item()
-                m = _log_gaussians(sq_mle, n, scale).sum().item()
-                log_q = mixture_log_q(z, m, self.cfg.pi)
-            delta = cast.mul_(sigma.to(dtype))
-            if mle:
-                delta.sub_(g.to(dtype))
-            torch.add(theta, delta, out=out[k + 1])
-            infos.append({"log_q": log_q, "norm": math.sqrt(max(float(sq_zero.sum()), 0.0))})
+            for _, delta in self.deltas(k, lean=False):
+                torch.add(theta, delta, out=out[k + 1])
+            infos.append(self.info)
         return out, infos
-
-    def flat_direction(self, weights: Tensor) -> Tensor:
-        """``direction`` as one flat (P,) vector, from flat draws: sum_k w_k sigma eps_k -
-        (the MLE candidates' weight) g. Frees the flat buffers."""
-        f = self._flat()
-        w = [float(x) for x in weights]
-        w_mle = sum(wk for wk, mle in zip(w, self.is_mle) if mle)
-        acc = torch.zeros_like(f["eps"])
-        for k, wk in enumerate(w):
-            if wk != 0.0:
-                acc.add_(self._draw_flat(k), alpha=wk)
-        acc.mul_(f["sigma"])
-        if w_mle != 0.0:
-            acc.sub_(f["g"], alpha=w_mle)
-        self._flat_state = None
-        return acc.to(self.params[0].dtype)
 
     def split(self, flat: Tensor) -> List[Tensor]:
         """A flat (P,) vector as per-parameter views (shapes of ``params``)."""
         return [v.view(p.shape) for v, p in zip(flat.split(self.sizes), self.params)]
 
-    def direction(self, weights: Tensor) -> List[Tensor]:
-        """Delta = sum_k w_k Delta_k, tensor by tensor (weights: (K,)), as
-        sum_k (w_k sigma_i) eps_{k,i} - (sum of the MLE candidates' w_k) g_i.
-        Frees the backup and the scratch buffer."""
+    def direction(self, weights: Tensor, lean: bool = False) -> Tensor:
+        """Delta = sum_k w_k Delta_k (weights: (K,)) as one flat (P,) vector in the parameters'
+        dtype: sum_k w_k sigma eps_k - (the MLE candidates' summed weight) g, from the draws of
+        ``deltas`` regenerated (``lean``: tensor by tensor, into the scratch buffer; else each
+        candidate's at once, into the flat buffer). Frees the backup and both buffers."""
         self._backup = None
         w = [float(x) for x in weights]
         w_mle = sum(wk for wk, mle in zip(w, self.is_mle) if mle)
-        out = []
-        for i, p in enumerate(self.params):
-            acc = torch.zeros_like(p)
+        out = torch.zeros(sum(self.sizes), dtype=self.params[0].dtype, device=self.flat_grad.device)
+        if lean:
+            for i, acc in enumerate(self.split(out)):
+                for k, wk in enumerate(w):
+                    if wk != 0.0:
+                        acc.add_(self._noise(k, i, reuse=True), alpha=wk * self.sigmas[i])
+                if w_mle != 0.0:
+                    acc.sub_(self.grads[i].to(acc.dtype), alpha=w_mle)
+        else:
+            f = self._flat()
+            acc = torch.zeros_like(f["eps"])
             for k, wk in enumerate(w):
                 if wk != 0.0:
-                    acc.add_(self._noise(k, i, reuse=True), alpha=wk * self.sigmas[i])
+                    acc.add_(self._draw_flat(k), alpha=wk)
+            acc.mul_(f["sigma"])
             if w_mle != 0.0:
-                acc.sub_(self.grads[i].to(acc.dtype), alpha=w_mle)
-            out.append(acc)
-        self._scratch = None
+                acc.sub_(f["g"], alpha=w_mle)
+            out.copy_(acc)
+        self._scratch, self._flat_state = None, None
         return out
 
 
@@ -413,3 +397,27 @@ def weight_stats(weights: Tensor, is_mle: Sequence[bool]) -> dict:
         "mle_weight": float(w[mle_mask].sum()) if bool(mle_mask.any()) else 0.0,
         "top_is_mle": float(bool(is_mle[int(w.argmax())])),
     }
+
+
+class StackedSets:
+    """theta and its K perturbations as G = K + 1 parameter sets for a grouped decode: the
+    (G, P) buffer ``ParameterSearch.stacked`` writes, kept between updates (made again when
+    the parameters, K, dtype or device change), and each parameter's (G, *shape) view."""
+
+    def __init__(self):
+        self._key, self._buffer, self._views = None, None, {}
+
+    def fill(self, search: "ParameterSearch") -> Tuple[int, Callable[[Tensor], Tensor], List[dict]]:
+        """(G, ``stack(p)``: parameter p's (G, *p.shape) values, the candidates' infos): the
+        buffer filled for this update's ``search``; a parameter the search does not move
+        (not trained) is the same in every set."""
+        params, count = search.params, search.cfg.num_candidates + 1
+        key = (count, params[0].dtype, params[0].device, tuple(id(p) for p in params))
+        if self._key != key:
+            self._buffer, self._views = None, {}  # the old buffer goes first
+            self._buffer = torch.empty(count, sum(search.sizes), dtype=params[0].dtype, device=params[0].device)
+            self._views = {p: v.view(count, *p.shape) for p, v in zip(params, self._buffer.split(search.sizes, 1))}
+            self._key = key
+        _, infos = search.stacked(out=self._buffer)
+        views = self._views
+        return count, (lambda p: views[p] if p in views else p.detach().expand(count, *p.shape)), infos

@@ -14,11 +14,14 @@ fairseq's own. The sample size is 1 per micro-batch and worker.
 
 With ``--mgs-candidate-evaluation batched`` (the default) theta and its K perturbations
 are decoded together: the K + 1 parameter sets are written into one (K + 1, P) tensor
-(``ParameterSearch.stacked``, the values ``perturbed`` gives the parameters) and decoded
-in one pass of the static-cache step with grouped weights (``decode_grouped``), for
-greedy or sampled decoding of ``transformer`` / ``transformer_lm`` decoders; elsewhere, or with
-``sequential``, the candidates are decoded one after another, the parameters perturbed
-in place (one extra copy of the parameters instead of K + 1).
+(``core.parameter_search.StackedSets``, the values ``perturbed`` gives the parameters)
+and decoded in one pass of the static-cache step with grouped weights
+(``decode_grouped``), for greedy or sampled decoding of ``transformer``,
+``transformer_lm``, ``lstm`` and ``lstm_lm`` decoders; elsewhere (or with
+``--decoding-path fairseq``), or with ``sequential``, the candidates are decoded one
+after another, the parameters perturbed in place (one extra copy of the parameters
+instead of K + 1). Either way the update is ``ParameterSearch``'s, in its lean mode
+for ``sequential``.
 
 Validation computes the MLE loss and the task losses of greedy decodes, so
 ``--best-checkpoint-metric task_loss`` selects on the task loss.
@@ -37,7 +40,8 @@ from omegaconf import II
 
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import above
-from fairseq_ext.core.parameter_search import IMPORTANCE, NOISE_SCALES, PROPOSALS, ParameterSearch, ProposalConfig
+from fairseq_ext.core.parameter_search import (IMPORTANCE, NOISE_SCALES, PROPOSALS, ParameterSearch, ProposalConfig,
+                                              StackedSets)
 from fairseq_ext.core.parameter_search import clip_grad_, mgs_weights, mix_seed, weight_stats
 from fairseq_ext.runtime.clock import TrainingClock, check_model_at_start
 from fairseq_ext.runtime.distributed import all_reduce_sum_, pooled_mean, pooled_means, unwrap
@@ -158,7 +162,7 @@ class MGSCriterion(FairseqCriterion):
             path=str(decoding_path))
         self.greedy_cfg = DecodeConfig(max_len_ref_ratio=mgs_max_len_ratio, path=str(decoding_path))
         self.batched = str(mgs_candidate_evaluation) == "batched"
-        self._stack = None  # (key, the (K + 1, P) buffer, its per-parameter views), kept between updates
+        self.stacked_sets = StackedSets()  # theta and its K perturbations, for the grouped decode
         self.seed = seed
         self.clock = TrainingClock(task)
         self._update_key = (None, 0)
@@ -217,21 +221,6 @@ class MGSCriterion(FairseqCriterion):
             self.batched = False
         return self.batched
 
-    def _parameter_sets(self, params, search):
-        """(theta and its K perturbations as parameter sets, the candidates' log q and norms):
-        written into a buffer kept between updates (its per-parameter views too); parameters
-        not trained are shared by all sets."""
-        count = self.proposal.num_candidates + 1
-        key = (count, params[0].dtype, params[0].device, tuple(id(p) for p in params))
-        if self._stack is None or self._stack[0] != key:
-            self._stack = None  # the old buffer goes first
-            buffer = torch.empty(count, sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
-            views = {p: v.view(count, *p.shape) for p, v in zip(params, buffer.split([p.numel() for p in params], 1))}
-            self._stack = (key, buffer, views)
-        _, buffer, views = self._stack
-        _, infos = search.stacked(out=buffer)
-        return ParameterSets(count, lambda p: views[p] if p in views else p.detach().expand(count, *p.shape)), infos
-
     def _sampling_generator(self, device, seed: int) -> Optional[torch.Generator]:
         """With ``--mgs-decoder sample``, a generator every candidate's decode starts from
         afresh (theta's and each theta + Delta_k's draw the same numbers); else None. It lives
@@ -240,11 +229,12 @@ class MGSCriterion(FairseqCriterion):
             return None
         return torch.Generator(device).manual_seed(mix_seed(seed, 0x5EED))
 
-    def _costs_together(self, module, sample, params, search, device):
+    def _costs_together(self, module, sample, search, device):
         """(C(theta), the K candidates' costs, their log q and norms, theta's candidates'
         ``output_shape``) from one grouped decode
         (sampling: every set draws from its own ``_sampling_generator``)."""
-        sets, infos = self._parameter_sets(params, search)
+        count, stack, infos = self.stacked_sets.fill(search)
+        sets = ParameterSets(count, stack)
         gens = None
         if self.decode_cfg.strategy == "sample":
             gens = [self._sampling_generator(device, search.seed) for _ in range(sets.count)]
@@ -286,7 +276,7 @@ class MGSCriterion(FairseqCriterion):
 
         search = ParameterSearch(params, grads, self.proposal, seed)
         if batched:
-            c0, costs, log_qs, norms, shape = self._costs_together(module, sample, params, search, device)
+            c0, costs, log_qs, norms, shape = self._costs_together(module, sample, search, device)
         else:
             costs, log_qs, norms = self._costs_one_by_one(module, sample, search, device)
         costs_t = torch.tensor(costs, dtype=torch.float64)
@@ -297,10 +287,7 @@ class MGSCriterion(FairseqCriterion):
             weights = mgs_weights(float(c0), costs_t, log_q_t, self.alpha)
             finite = bool(torch.isfinite(weights).all())
         if finite:
-            if batched:
-                direction = search.flat_direction(weights)
-            else:
-                direction = torch.cat([d.reshape(-1) for d in search.direction(weights)])
+            direction = search.direction(weights, lean=not batched)
             direction_norm = clip_grad_([direction], self.direction_clip)
             # d(surrogate)/dp = -Delta_p
             surrogate = -torch.dot(torch.cat([p.reshape(-1) for p in params]), direction)
