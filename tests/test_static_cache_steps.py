@@ -522,7 +522,7 @@ def test_beam_search_equals_its_search_on_fairseqs_path(translation, softmax_in_
 
 def test_scheduled_sampling_pass_under_autocast_is_as_close_to_float32_as_fairseqs(translation):
     """Under autocast (--amp; here the CPU's bfloat16) the differentiable step's products run
-    in half precision and its weight gradients come back in each parameter's
+    in half precision and its collected weight gradients come back in each parameter's
     float32. DSS's pass through the step under autocast is as close to the float32 pass as
     fairseq's incremental pass under the same autocast is: its scores and its gradient (all
     parameters together) within 1.5 times fairseq's error plus 1% (the two round differently:

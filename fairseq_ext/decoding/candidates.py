@@ -1,20 +1,16 @@
 """Batched candidate decoding for fairseq models: the shared decoder that MGS, MRT,
 PG and evaluation call.
 
-Greedy and ancestral sampling (temperature, top-k, top-p) of a fairseq
-``transformer`` / ``transformer_lm`` / ``lstm`` / ``lstm_lm`` run the static-cache step
-(``paths.decoder_step``): one step of few operators for all B x n rows, finished
-rows masked, and dropped from every cache together once at most half of the rows still
-run.
-Other decoders run fairseq's incremental decoding, dropping finished rows by
-reordering the incremental state; ``DecodeConfig.path = "fairseq"`` (the criteria's
-``--decoding-path fairseq``) selects that path for every model (it is the reference the static-cache step is tested against). Both paths
-draw the same random numbers for the same rows. Beam search delegates to fairseq's
-``SequenceGenerator``. All strategies return the same ``Candidates``.
-
-Works for encoder-decoder models (``transformer``, ``lstm``, ...) and for
-decoder-only language models continuing a prefix (``transformer_lm``). Dropout
-is off while decoding; the model's train/eval mode is restored afterwards.
+Greedy and ancestral sampling (temperature, top-k, top-p) of a fairseq ``transformer`` /
+``transformer_lm`` / ``lstm`` / ``lstm_lm`` run the static-cache step (``paths``): one
+step of few operators for all B x n rows, finished rows masked, and dropped from every
+cache together once at most half of the rows still run. Other decoders, and every model
+with ``DecodeConfig.path = "fairseq"`` (``--decoding-path fairseq``), run fairseq's
+incremental decoding, the reference, dropping finished rows by reordering the
+incremental state. Both paths draw the same random numbers for the same rows. Beam
+search delegates to fairseq's ``SequenceGenerator``. All return the same ``Candidates``.
+Encoder-decoder models decode from the source, decoder-only ones continue a prefix.
+Dropout is off while decoding; the model's train/eval mode is restored afterwards.
 """
 import contextlib
 import math

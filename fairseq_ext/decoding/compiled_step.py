@@ -14,9 +14,10 @@ process (inductor keeps its kernels in its on-disk cache for later processes). V
 the arguments are passed as tensors of their own (``_plain``), so that the traces do not
 depend on the strides of what they are views of.
 
-The compiled decoder step is built with ``compiled=True``: its transposed weights are
-views, which the compiler lays out itself. Under dropout the masks come from inductor's random
-number generator, so a run is reproducible from its seed but does not draw fairseq's masks.
+Experimental, off by default (``--dss-compile``, ``--soft-beam-compile``; docs/decoding.md).
+The compiled step is built without ``core.collected_gradients`` (Python state the compiler
+cannot trace). Under dropout the masks come from inductor's generator: a run is
+reproducible from its seed but does not draw fairseq's masks.
 
 Automatic fallback: where compiling fails (no C++ compiler for inductor on the CPU, an
 operator the compiler rejects), one warning gives the cause and every compiled function
@@ -79,8 +80,8 @@ def compiled(fn: Callable, what: str) -> Callable:
 def compiled_logits(step) -> Callable[..., Tensor]:
     """``step.logits`` (a differentiable step built with ``compiled=True``) through the
     process's compiled function."""
-    if not step.compiled:
-        raise ValueError("a compiled step is built with compiled=True (its weights as views)")
+    if step.collect:
+        raise ValueError("a compiled step is built with compiled=True (its weights not collected)")
     run = compiled(_logits, "the decoder step")
 
     def logits(tokens: Tensor, embeds: Optional[Tensor] = None, replace: Optional[Tensor] = None) -> Tensor:

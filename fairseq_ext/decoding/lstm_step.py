@@ -74,8 +74,8 @@ class LSTMStep(_DecoderStep):
             self.h = [hiddens[i].index_select(0, expand) for i in range(n_layers)]
             self.c = [cells[i].index_select(0, expand) for i in range(n_layers)]
             if decoder.encoder_hidden_proj is not None:
-                self.h = [_mm(h, *self._t(decoder.encoder_hidden_proj)) for h in self.h]
-                self.c = [_mm(c, *self._t(decoder.encoder_cell_proj)) for c in self.c]
+                self.h = [_mm(h, *self._t(decoder.encoder_hidden_proj, collect=False)) for h in self.h]
+                self.c = [_mm(c, *self._t(decoder.encoder_cell_proj, collect=False)) for c in self.c]
             self.feed = torch.zeros(rows, size, dtype=dtype, device=device)  # fairseq's input feed
         else:
             self.h = [torch.zeros(rows, size, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -95,7 +95,7 @@ class LSTMStep(_DecoderStep):
         else:
             self.output = self._t(decoder.fc_out)
         embed = decoder.embed_tokens
-        self.embed = self.P(embed.weight).reshape(-1, embed.embedding_dim)
+        self.embed = self._table(self.P(embed.weight).reshape(-1, embed.embedding_dim))
         self.offsets = None  # per row, where its set's rows start in the token embeddings
         if groups > 1:
             self.offsets = torch.arange(rows, device=device) // (rows // groups) * decoder.embed_tokens.num_embeddings
@@ -125,9 +125,9 @@ class LSTMStep(_DecoderStep):
         embeddings where ``replace``, every row where it is None); (rows, V) output scores."""
         d = self.decoder
         if embeds is not None and replace is None:
-            x = embeds.to(self.embed.dtype)
+            x = embeds.to(self.embed[0].dtype)
         else:
-            x = self.embed.index_select(0, tokens if self.offsets is None else tokens + self.offsets)
+            x = self._rows(self.embed, tokens if self.offsets is None else tokens + self.offsets)
             if replace is not None:
                 x = torch.where(replace[:, None], embeds.to(x.dtype), x)
         x = _dropout(x, self.drop_in)

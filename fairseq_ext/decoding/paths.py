@@ -65,7 +65,7 @@ def decoder_step(model, encoder_out, expand: Tensor, max_steps: int,
     """The static-cache step of ``model``'s decoder (``unsupported_reason`` None):
     ``TransformerStep``, or ``lstm_step.LSTMStep`` for fairseq's LSTMDecoder; the
     arguments are ``TransformerStep``'s. compiled: a differentiable step built for
-    ``compiled_step.compiled_logits``."""
+    ``compiled_step.compiled_logits`` (its weights not collected)."""
     cls = LSTMStep if _is_lstm(model.decoder) else TransformerStep
     return cls(model, encoder_out, expand, max_steps, weights, groups, differentiable, compiled)
 

@@ -2,13 +2,15 @@
 ``lstm_step.LSTMStep``) share: the products of their weights (the model's own, or G
 parameter sets stepped together: grouped weights, MGS's theta and its perturbations in
 one decode), layer norm, attention and dropout on rows, the rows' reorders and the soft
-beam's mixing of them. Under gradients (the differentiable step: DSS's exact pass, the
-soft beam) autograd differentiates the products as they are.
+beam's mixing of them. Under gradients a weight's or table's gradient is computed once
+for every position of the decode (``core.collected_gradients``).
 """
 from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from fairseq_ext.core.collected_gradients import _CollectedTable, _CollectedWeight, _Gathered, _Pairs, _Product
 
 
 def _attend(q: Tensor, keys_t: Tensor, values: Tensor, bias: Tensor, scale: float, dropout=None) -> Tensor:
@@ -26,9 +28,12 @@ def _dropout(x: Tensor, module) -> Tensor:
     return module(x) if module is not None else x
 
 
-def _mm(x: Tensor, wt: Tensor, b: Optional[Tensor]) -> Tensor:
+def _mm(x: Tensor, wt: Tensor, b: Optional[Tensor], pairs: Optional[_Pairs] = None) -> Tensor:
     """x W^T + b for (rows, C) x. Grouped weights (wt (G, C, C'), b (G, 1, C')): the rows
-    are G equal blocks, block g multiplied by group g's weights."""
+    are G equal blocks, block g multiplied by group g's weights. ``pairs``: (W^T, b) from
+    ``_CollectedWeight``, whose gradient is computed once for every position."""
+    if pairs is not None:
+        return _Product.apply(x, wt, b, pairs)
     if wt.dim() == 2:
         y = torch.mm(x, wt)
         return y.add_(b) if b is not None else y
@@ -50,7 +55,7 @@ def _ln(x: Tensor, norm: Tuple) -> Tensor:
 class _DecoderStep:
     """What the static-cache steps share: the weights of their products as ``_mm``
     multiplies them (the model's own, or G parameter sets stepped together, ``weights(p)``
-    the (G, *p.shape) stack of parameter p's values), and
+    the (G, *p.shape) stack of parameter p's values; collected under gradients), and
     ``step``, the log-probabilities of ``logits``."""
 
     def step(self, tokens: Tensor) -> Tensor:
@@ -65,6 +70,9 @@ class _DecoderStep:
         if compiled and not differentiable:
             raise ValueError("only the differentiable step is compiled")
         self.differentiable, self.compiled = differentiable, compiled
+        # under gradients, each weight's gradient once for all positions (``_CollectedWeight``; not
+        # in a compiled step, whose compiler cannot trace the Python lists it keeps)
+        self.collect = differentiable and torch.is_grad_enabled() and not compiled
 
     def _reordered_rows(self, index: Tensor) -> None:
         """``reorder``'s new row count, which must keep the parameter sets' equal blocks."""
@@ -86,19 +94,41 @@ class _DecoderStep:
         return [part.reshape(state.shape)
                 for part, state in zip(mixed.split([state.numel() // rows for state in states], 2), states)]
 
-    def _t(self, linear, scale: float = 1.0) -> Tuple:
+    def _t(self, linear, collect: bool = True, scale: float = 1.0) -> Tuple:
         """``_linear`` of an nn.Linear's weight and bias (both times ``scale``)."""
         w, b = self.P(linear.weight), getattr(linear, "bias", None)
         b = self.P(b) if b is not None else None
         if scale != 1.0:
             w, b = w * scale, (b * scale if b is not None else None)
-        return self._linear(w, b)
+        return self._linear(w, b, collect)
 
-    def _linear(self, w: Tensor, b: Optional[Tensor]) -> Tuple:
+    def _linear(self, w: Tensor, b: Optional[Tensor], collect: bool = True) -> Tuple:
         """(W^T, bias) of a weight (out, in) and bias (out,) (stacks (G, out, in), (G, out)
         for G parameter sets) as ``_mm`` multiplies: W^T contiguous, or (G, in, out) and
-        (G, 1, out)."""
+        (G, 1, out). Under gradients (differentiable step), (W^T, bias, pairs) whose gradient
+        ``_CollectedWeight`` computes once."""
         if self.groups > 1:
             return w.transpose(1, 2), (b[:, None] if b is not None else None)
         wt = w.t() if self.compiled else w.t().contiguous()  # compiled: the compiler lays the product out
-        return wt, b
+        return self._collected(wt, b) if collect else (wt, b)
+
+    def _collected(self, wt: Tensor, b: Optional[Tensor]) -> Tuple:
+        """(W^T, b, pairs) under gradients (one parameter set), else (W^T, b) as they are."""
+        if not self.collect or self.groups > 1:
+            return wt, b
+        pairs = _Pairs()
+        return (*_CollectedWeight.apply(pairs, wt, b), pairs)
+
+    def _table(self, table: Tensor) -> Tuple[Tensor, Optional[_Pairs]]:
+        """(table, pairs) for ``_rows``: under gradients the table's gradient is collected
+        once for every position (``_CollectedTable``), where it requires one."""
+        if not (self.collect and table.requires_grad):
+            return table, None
+        pairs = _Pairs()
+        return _CollectedTable.apply(pairs, table), pairs
+
+    @staticmethod
+    def _rows(table: Tuple[Tensor, Optional[_Pairs]], index: Tensor) -> Tensor:
+        """Rows ``index`` of a ``_table``."""
+        t, pairs = table
+        return t.index_select(0, index) if pairs is None else _Gathered.apply(t, index, pairs)

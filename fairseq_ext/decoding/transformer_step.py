@@ -19,7 +19,8 @@ when counting positions (fairseq's incremental path does neither).
 Two variants: G parameter sets stepped together (grouped weights: MGS's theta and
 its perturbations in one decode), and a differentiable step for decoding under
 gradients (caches grown by concatenation, fairseq's dropout; DSS's exact pass, the
-soft beam).
+soft beam). Under gradients each weight's gradient is one product over every
+position of the decode (``_CollectedWeight``), not one product per position summed.
 
 fairseq's ``LSTMDecoder`` (``lstm``, ``lstm_lm``) has its own step with the same
 interface, ``lstm_step.LSTMStep``; both build on ``step_base``, and
@@ -123,7 +124,7 @@ class TransformerStep(_DecoderStep):
             torch.func.functional_call(decoder.embed_positions, {k: self.P(v)[g] for k, v in learned.items()},
                                        (probe,))[0] for g in range(groups)]
         positions = torch.cat([torch.cat([t.new_zeros(1, t.size(1)), t]) for t in tables]).to(dtype)
-        self.positions = positions
+        self.positions = self._table(positions)
         # per row, where its set's rows start in the token embeddings and in the position tables
         self.offsets = None
         if groups > 1:
@@ -166,8 +167,8 @@ class TransformerStep(_DecoderStep):
             ea = layer.encoder_attn
             if ea is not None and enc is not None:
                 flat = enc.reshape(rows * s_len, -1)
-                # projected once for the whole decode
-                enc_kv += [_mm(flat, *self._t(proj)).view(rows, s_len, h, d).transpose(1, 2)
+                # projected once, so by autograd's own product (nothing to collect)
+                enc_kv += [_mm(flat, *self._t(proj, collect=False)).view(rows, s_len, h, d).transpose(1, 2)
                            for proj in (ea.k_proj, ea.v_proj)]
                 p["ea"] = {"ln": self._norm(layer.encoder_attn_layer_norm),
                            "q": self._t(ea.q_proj, scale=self.query_scale),
@@ -181,7 +182,7 @@ class TransformerStep(_DecoderStep):
         self.project_out = self._t(decoder.project_out_dim) if decoder.project_out_dim is not None else None
         self.output = self._t(decoder.output_projection)
         embed = decoder.embed_tokens
-        self.embed = self.P(embed.weight).reshape(-1, embed.embedding_dim)
+        self.embed = self._table(self.P(embed.weight).reshape(-1, embed.embedding_dim))
         self.layernorm_embedding = self._norm(decoder.layernorm_embedding)
         self.layer_norm = self._norm(decoder.layer_norm)
 
@@ -193,7 +194,7 @@ class TransformerStep(_DecoderStep):
         product; the differentiable step: ``q``, the query's, and ``kv``, the key's and
         value's as one (head, key / value, head_dim) (views split by autograd would cost
         more operators in the backward than a second product)."""
-        parts = [self._t(proj, scale=scale)
+        parts = [self._t(proj, collect=False, scale=scale)
                  for proj, scale in ((attn.q_proj, self.query_scale), (attn.k_proj, 1.0), (attn.v_proj, 1.0))]
         h, d = self.heads, self.head_dim
 
@@ -202,10 +203,10 @@ class TransformerStep(_DecoderStep):
 
         def joined(parts):
             biases = [b for _, b in parts]
-            return (by_head([w for w, _ in parts]),
+            return self._collected(by_head([w for w, _ in parts]),
                                    by_head(biases) if all(b is not None for b in biases) else None)
         if self.differentiable:
-            return {"q": parts[0], "kv": joined(parts[1:])}
+            return {"q": self._collected(*parts[0]), "kv": joined(parts[1:])}
         return {"qkv": joined(parts)}
 
     def _norm(self, ln) -> Optional[Tuple]:
@@ -306,16 +307,16 @@ class TransformerStep(_DecoderStep):
         if self.offsets is not None:
             tokens, position = tokens + self.offsets[0], position + self.offsets[1]
         if embeds is not None and replace is None:
-            x = embeds.to(self.embed.dtype)
+            x = embeds.to(self.embed[0].dtype)
         else:
-            x = self.embed.index_select(0, tokens)
+            x = self._rows(self.embed, tokens)
             if replace is not None:
                 x = torch.where(replace[:, None], embeds.to(x.dtype), x)
         if d.embed_scale != 1:
             x = x * d.embed_scale
         if self.project_in is not None:
             x = _mm(x, *self.project_in)
-        x = x + self.positions.index_select(0, position)
+        x = x + self._rows(self.positions, position)
         if self.layernorm_embedding is not None:
             x = _ln(x, self.layernorm_embedding)
         x = _dropout(x, self.drop_embed)
