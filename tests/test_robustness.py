@@ -135,15 +135,19 @@ def test_a_run_stopped_mid_epoch_exits_cleanly(tmp_path):
         assert "done training" in proc.stdout + proc.stderr
 
 
-def test_runs_sharing_a_save_dir_start_without_racing(tmp_path):
-    """fairseq-train checks --save-dir by creating and deleting SAVE_DIR/dummy; runs starting
-    together in one directory (every --no-save run without --save-dir uses ./checkpoints)
-    delete each other's file and die with FileNotFoundError (fairseq's own check fails
-    this test within a few hundred calls from 8 threads; it failed our CI once)."""
+def test_commands_sharing_a_save_dir_start_without_racing(tmp_path, monkeypatch):
+    """fairseq-train checks --save-dir by creating and deleting SAVE_DIR/dummy; the suite's
+    commands starting together in one directory (every --no-save run without --save-dir
+    uses ./checkpoints) delete each other's file and die with FileNotFoundError (fairseq's
+    own check fails this within a few hundred calls from 8 threads). The fork server that
+    runs them checks with a uniquely named file instead (forkserver._unique_save_dir_check)."""
     import threading
 
-    import fairseq_ext  # noqa: F401  (patches checkpoint_utils)
+    import forkserver
     from fairseq import checkpoint_utils
+
+    monkeypatch.setattr(checkpoint_utils, "verify_checkpoint_directory", checkpoint_utils.verify_checkpoint_directory)
+    forkserver._unique_save_dir_check()
 
     save_dir, errors = str(tmp_path / "checkpoints"), []
 
