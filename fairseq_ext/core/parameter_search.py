@@ -206,6 +206,7 @@ class ParameterSearch:
         self._gg_per_tensor: Optional[Tensor] = None
         self._flat_state = None
         self.info: Optional[dict] = None  # the last ``deltas``' Delta_k {"log_q", "norm"}
+        self._per_tensor: Optional[tuple] = None
 
     def _gg(self) -> Tensor:
         """(n,) float64 ||g_i||^2 of every tensor."""
@@ -275,14 +276,16 @@ class ParameterSearch:
         without forming Delta + g: with gg = ||g||^2 and s = sigma_i, a zero-mean draw has
         ||Delta||^2 = s^2 ee and ||Delta + g||^2 = s^2 ee + 2 s eg + gg; an MLE draw
         ||Delta + g||^2 = s^2 ee and ||Delta||^2 = s^2 ee - 2 s eg + gg."""
-        s = torch.tensor(self.sigmas, dtype=torch.float64)
+        if self._per_tensor is None:  # (sigma_i, numel_i, ||g_i||^2) as float64 on the CPU, once per update
+            self._per_tensor = (torch.tensor(self.sigmas, dtype=torch.float64),
+                                torch.tensor(self.sizes, dtype=torch.float64), self._gg().cpu())
+        s, n, gg = self._per_tensor
         mle = self.is_mle[k]
         own = s * s * ee
-        other = own + (-2.0 if mle else 2.0) * s * eg + self._gg().cpu()
+        other = own + (-2.0 if mle else 2.0) * s * eg + gg
         sq_zero, sq_mle = (other, own) if mle else (own, other)
         log_q = 0.0
         if self.cfg.importance != "none":
-            n = torch.tensor(self.sizes, dtype=torch.float64)
             scale = s if self.cfg.importance == "exact" else torch.ones_like(s)
             log_q = mixture_log_q(_log_gaussians(sq_zero, n, scale).sum().item(),
                                   _log_gaussians(sq_mle, n, scale).sum().item(), self.cfg.pi)
