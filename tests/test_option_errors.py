@@ -47,6 +47,8 @@ def command(component, data, tmp):
                                      str(tmp / "cmlm.pt")],
         ("task", "translation_search"): ["fairseq-generate", data["bin"], "--task", "translation_search", "--path",
                                          str(tmp / "model.pt")],
+        ("task", "translation_mbr"): ["fairseq-generate", data["bin"], "--task", "translation_mbr", "--path",
+                                      str(tmp / "model.pt")],
         ("model", "tagging_lstm"): train + tagging + ["--arch", "tagging_lstm_tiny"],
         ("model", "residual_energy"): train + residual,
     }

@@ -30,6 +30,7 @@ PREFIXES = {
     ("task", "sequence_tagging"): ("tagging-", "search-"),
     ("task", "translation_search"): ("search-",),
     ("task", "translation_mh"): ("mh-",),
+    ("task", "translation_mbr"): ("mbr-",),
     ("model", "residual_energy"): ("energy-", "encoder-"),
     ("model", "tagging_lstm"): ("encoder-", "decoder-"),
 }
@@ -115,7 +116,7 @@ def _parse(component, argv):
     else:
         head = ["--task", task.get(component.name, component.name)]
         head += ["--arch", arch[component.name]] if component.name in arch else []
-    generate = component.name in ("translation_mh", "translation_search")
+    generate = component.name in ("translation_mh", "translation_search", "translation_mbr")
     parser = options.get_generation_parser() if generate else options.get_training_parser()
     err = io.StringIO()
     with contextlib.redirect_stderr(err):

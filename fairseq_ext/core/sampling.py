@@ -1,5 +1,5 @@
-"""Token-level choice rules for candidate decoding: greedy, top-k and nucleus (top-p)
-sampling with temperature; seeds mixed from integers and per-batch random
+"""Token-level choice rules for candidate decoding: greedy, top-k, nucleus (top-p) and
+epsilon sampling with temperature; seeds mixed from integers and per-batch random
 generators. Pure PyTorch, shapes in the docstrings."""
 from typing import Optional
 
@@ -31,17 +31,25 @@ def batch_generator(seed: int, ids: Tensor) -> torch.Generator:
     return gen
 
 
-@declare(topk=at_least(0), topp=between(0, 1, low_open=True))
-def filter_logits(logits: Tensor, topk: int = 0, topp: float = 1.0) -> Tensor:
-    """Mask (set to -inf) the logits outside the top-k and the top-p nucleus.
+@declare(topk=at_least(0), topp=between(0, 1, low_open=True), epsilon=between(0, 1, low_open=True, high_open=True))
+def filter_logits(logits: Tensor, topk: int = 0, topp: float = 1.0, epsilon: Optional[float] = None) -> Tensor:
+    """Mask (set to -inf) the logits outside the top-k, the top-p nucleus and, with
+    ``epsilon``, the tokens of probability below epsilon.
 
-    logits: (N, V) unnormalised or log-probabilities. ``topk <= 0`` and ``topp >= 1``
-    disable the respective filter. The nucleus is the smallest set of most probable
-    tokens whose probability reaches ``topp`` (Holtzman et al., 2020); the most
-    probable token is always kept. Returns a tensor of the same shape.
+    logits: (N, V) unnormalised or log-probabilities. ``topk <= 0``, ``topp >= 1`` and
+    ``epsilon`` None disable the respective filter. The nucleus is the smallest set of
+    most probable tokens whose probability reaches ``topp`` (Holtzman et al., 2020);
+    epsilon sampling (Hewitt et al., 2022) keeps the tokens of probability >= epsilon
+    under softmax(logits). The most probable token is always kept. Returns a tensor of
+    the same shape.
     """
-    check_arguments(filter_logits, topk=topk, topp=topp)
+    check_arguments(filter_logits, topk=topk, topp=topp, epsilon=epsilon)
     out = logits
+    if epsilon is not None:
+        probs = torch.softmax(out.float(), dim=-1)
+        drop = probs < epsilon
+        drop.scatter_(-1, probs.argmax(dim=-1, keepdim=True), False)
+        out = out.masked_fill(drop, float("-inf"))
     if 0 < topk < logits.size(-1):
         kth = torch.topk(out, topk, dim=-1).values[..., -1:]
         out = out.masked_fill(out < kth, float("-inf"))
@@ -64,12 +72,14 @@ def choose_tokens(
     topk: int = 0,
     topp: float = 1.0,
     generator: Optional[torch.Generator] = None,
+    epsilon: Optional[float] = None,
 ) -> Tensor:
     """Pick one token per row of ``logits`` (N, V): argmax, or a draw from
-    softmax(filter(logits) / temperature). Returns (N,) LongTensor."""
+    softmax(filter(logits / temperature)) (``filter_logits``: the filters apply to the
+    tempered distribution). Returns (N,) LongTensor."""
     if not sample:
         return logits.argmax(dim=-1)
     check_arguments(choose_tokens, temperature=temperature)
-    filtered = filter_logits(logits.float() / temperature, topk=topk, topp=topp)
+    filtered = filter_logits(logits.float() / temperature, topk=topk, topp=topp, epsilon=epsilon)
     probs = torch.softmax(filtered, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -347,6 +347,17 @@ class TaskLoss:
         """Cost of one hypothesis against one reference (and its source, with ``needs_source``)."""
         raise NotImplementedError
 
+    aggregatable: bool = False  # whether aggregated_cost is defined
+
+    def aggregated_cost(self, hyps: Sequence, refs: Sequence, weights: Optional[Sequence[float]] = None,
+                        source=None) -> torch.Tensor:
+        """Costs (H,) of H hypotheses of one input against the aggregate of its R references
+        (weights summing to 1; None: uniform), for MBR decoding with reference aggregation:
+        ``sbleu`` and ``chrf`` against the expected n-gram counts (``core.ngram_stats``), an
+        ``EmbeddingCost`` against the mean embedding. Other costs have no aggregate."""
+        raise NotImplementedError(f"{type(self).__name__} has no aggregated form (sbleu, chrf and "
+                                  "EmbeddingCost subclasses have)")
+
     def _check_side(self, items: Optional[Sequence], n: int, role: str, needed: bool,
                     kind: Optional[str] = None) -> Optional[list]:
         if items is None:
@@ -389,6 +400,26 @@ class TaskLoss:
         return list(item)
 
 
+class EmbeddingCost(TaskLoss):
+    """A neural cost that compares a hypothesis with an embedding of its reference: ``prepare``
+    returns one embedding (a tensor) per reference, and ``batch_cost`` reads the references
+    only through ``prepared``. Its aggregated form (MBR with reference aggregation, Vamvas
+    & Sennrich, 2024) scores every hypothesis against the weighted mean of the references'
+    embeddings."""
+
+    aggregatable = True
+
+    def aggregated_cost(self, hyps, refs, weights=None, source=None) -> torch.Tensor:
+        refs = [self._check_item(r, "reference") for r in refs]
+        sources = [source] * len(refs) if self.needs_source else None
+        embeddings = torch.stack([torch.as_tensor(e) for e in self.prepare(refs, sources)])
+        w = torch.full((len(refs),), 1.0 / len(refs)) if weights is None else torch.as_tensor(weights, dtype=torch.float)
+        mean = (w.to(embeddings) / w.sum()) @ embeddings.reshape(len(refs), -1)
+        mean = mean.reshape(embeddings.shape[1:])
+        return self(hyps, [refs[0]] * len(hyps), [source] * len(hyps) if self.needs_source else None,
+                    prepared=[mean] * len(hyps))
+
+
 def _clamp01(x: float) -> float:
     return min(1.0, max(0.0, x))
 
@@ -400,15 +431,24 @@ class SentenceBleuCost(TaskLoss):
     needs_reference = True
     input_kind = "text"
 
+    aggregatable = True
+
     def __init__(self, smooth_method: str = "exp", smooth_value: Optional[float] = None) -> None:
         from sacrebleu.metrics import BLEU
+
+        from fairseq_ext.core.ngram_stats import BleuStats
 
         self.bleu = BLEU(
             smooth_method=smooth_method, smooth_value=smooth_value, effective_order=True
         )
+        self.stats = BleuStats(self.bleu)  # sacrebleu's sentence_score, each sentence counted once
 
     def sentence_cost(self, hyp: str, ref: str) -> float:
-        return _clamp01(1.0 - self.bleu.sentence_score(hyp, [ref]).score / 100.0)
+        return _clamp01(1.0 - self.stats.score(hyp, ref) / 100.0)
+
+    def aggregated_cost(self, hyps, refs, weights=None, source=None) -> torch.Tensor:
+        aggregate = self.stats.aggregate(refs, weights)
+        return torch.tensor([_clamp01(1.0 - self.stats.score_aggregate(h, aggregate) / 100.0) for h in hyps])
 
 
 @register_task_loss("chrf")
@@ -423,12 +463,21 @@ class ChrfCost(TaskLoss):
     def __init__(self, beta: float = 2, word_order: int = 0) -> None:
         from sacrebleu.metrics import CHRF
 
+        from fairseq_ext.core.ngram_stats import ChrfStats
+
         if not beta > 0:
             raise ValueError(f"chrf: beta must be > 0, got {beta}")
         self.chrf = CHRF(beta=beta, word_order=word_order)
+        self.stats = ChrfStats(self.chrf)  # sacrebleu's sentence_score, each sentence counted once
+
+    aggregatable = True
 
     def sentence_cost(self, hyp: str, ref: str) -> float:
-        return _clamp01(1.0 - self.chrf.sentence_score(hyp, [ref]).score / 100.0)
+        return _clamp01(1.0 - self.stats.score(hyp, ref) / 100.0)
+
+    def aggregated_cost(self, hyps, refs, weights=None, source=None) -> torch.Tensor:
+        aggregate = self.stats.aggregate(refs, weights)
+        return torch.tensor([_clamp01(1.0 - self.stats.score_aggregate(h, aggregate) / 100.0) for h in hyps])
 
 
 @register_task_loss("comet")

@@ -35,7 +35,8 @@ class DecodeConfig:
     num_candidates: candidates per input (samples for ``sample``, the n best for
         ``beam``; must be 1 for ``greedy``).
     beam_size: beam width for ``beam`` (defaults to num_candidates).
-    temperature, topk, topp: sampling distribution (``sample`` only).
+    temperature, topk, topp, epsilon: sampling distribution (``sample`` only;
+        ``core.sampling.filter_logits``: epsilon None is off).
     min_len: EOS is banned until this many tokens were generated (1, as
         fairseq-generate: no empty candidates; 0 allows them).
     max_len_a, max_len_b: maximum length a * src_len + b (as fairseq-generate).
@@ -52,6 +53,7 @@ class DecodeConfig:
     temperature: float = field(default=1.0, metadata={CONSTRAINT: constraint_of(choose_tokens, "temperature")})
     topk: int = field(default=0, metadata={CONSTRAINT: constraint_of(filter_logits, "topk")})
     topp: float = field(default=1.0, metadata={CONSTRAINT: constraint_of(filter_logits, "topp")})
+    epsilon: Optional[float] = field(default=None, metadata={CONSTRAINT: constraint_of(filter_logits, "epsilon")})
     min_len: int = field(default=1, metadata={CONSTRAINT: at_least(0)})
     max_len_a: float = 0.0
     max_len_b: int = 200
@@ -260,7 +262,7 @@ def _greedy_or_sample_static(model, sample, cfg, prefix_tokens, generator, greed
     groups = sets.count if sets is not None else 1
     step_fn = decoder_step(model, encoder_out, expand, total_steps, *((sets.stack, groups) if sets else ()))
     sampling = cfg.strategy == "sample"
-    options = dict(sample=True, temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp)
+    options = dict(sample=True, temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp, epsilon=cfg.epsilon)
     n_sampled = rows - (expand.numel() // (n + 1) if greedy_rows else 0)  # the sampled rows come first
 
     # the running rows' state (row r of it is original row orig[r]); results of rows that
@@ -410,14 +412,8 @@ def _greedy_or_sample(model, sample, cfg, prefix_tokens, generator) -> Candidate
             free = forced.eq(pad)
             chosen[~free] = forced[~free]
         if free.any():
-            chosen[free] = choose_tokens(
-                lprobs[free],
-                sample=cfg.strategy == "sample",
-                temperature=cfg.temperature,
-                topk=cfg.topk,
-                topp=cfg.topp,
-                generator=generator,
-            )
+            chosen[free] = choose_tokens(lprobs[free], sample=cfg.strategy == "sample", temperature=cfg.temperature,
+                                         topk=cfg.topk, topp=cfg.topp, generator=generator, epsilon=cfg.epsilon)
         history[active, step + 1] = chosen
 
         gen_rows = active[free]

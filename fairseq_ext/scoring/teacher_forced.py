@@ -33,15 +33,25 @@ def _padded(hyps, pad: int, device) -> Tensor:
 def sequence_log_probs(
     model, sample: Dict, hyps, source_index: Tensor, prefix_tokens: Optional[Tensor] = None
 ) -> Tensor:
-    """Teacher-forced log p(y | x) = sum_t log p(y_t | y_<t, x) of every hypothesis,
-    differentiable (call under no_grad for a frozen scorer).
+    """Teacher-forced log p(y | x) = sum_t log p(y_t | y_<t, x) of every hypothesis (N,),
+    differentiable (call under no_grad for a frozen scorer); ``token_log_probs`` summed."""
+    return token_log_probs(model, sample, hyps, source_index, prefix_tokens).sum(dim=1)
+
+
+def token_log_probs(
+    model, sample: Dict, hyps, source_index: Tensor, prefix_tokens: Optional[Tensor] = None
+) -> Tensor:
+    """Teacher-forced log p(y_t | y_<t, x) of every token of every hypothesis, (N, W), 0
+    after a hypothesis's end (W: the longest hypothesis, or a hypothesis's own columns
+    for a decoder-only model's prompt), differentiable.
 
     model: encoder-decoder (the source is ``sample['net_input']``, encoded once and
         expanded to the hypotheses with ``source_index``) or decoder-only (the
         hypotheses continue ``prefix_tokens[source_index]``, padded with ``<pad>``).
     hyps: N 1-D LongTensors (EOS included where produced), or one (N, W) LongTensor of
         them padded with ``<pad>`` (``decoding.candidates.Candidates.tokens``, a batch's ``target``): one
-        forward for all rows, built without a loop over them. Returns (N,).
+        forward for all rows, built without a loop over them. Returns (N, W): for a decoder-only
+        model, column c of a row is its hypothesis's token c - |prefix| (zeros elsewhere).
     """
     dictionary = model.decoder.dictionary
     pad, eos = dictionary.pad(), dictionary.eos()
@@ -77,5 +87,4 @@ def sequence_log_probs(
         net_output = model.decoder(prev)
     lprobs = model.get_normalized_probs(net_output, log_probs=True)
     mask = target.ne(pad)
-    tok = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1) * mask
-    return tok.sum(dim=1)
+    return lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1) * mask
