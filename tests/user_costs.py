@@ -3,7 +3,7 @@ named on the command line by import path (``--mrt-task-loss user_costs:LengthGap
 this folder on PYTHONPATH)."""
 import torch
 
-from fairseq_ext.core.task_losses import TaskLoss
+from fairseq_ext.core.task_losses import EmbeddingCost, TaskLoss
 
 
 class LengthGap(TaskLoss):
@@ -63,6 +63,34 @@ class EmbeddingDistance(TaskLoss):
         h = torch.stack([self.encode(y) for y in hyps])
         x = torch.stack(list(prepared))
         return 1 - torch.nn.functional.cosine_similarity(h, x, dim=-1)
+
+
+class ReferenceEmbedding(EmbeddingCost):
+    """1 - cosine of the mean embeddings of the hypothesis and of its reference (ids) under a
+    frozen random embedding; the references' embeddings come from ``prepare``, so MBR decoding
+    with reference aggregation scores against their mean."""
+
+    needs_reference = True
+    input_kind = "ids"
+
+    def __init__(self, vocab: int = 1000, dim: int = 8, seed: int = 0):
+        self.embed = torch.nn.Embedding(vocab, dim)
+        torch.nn.init.normal_(self.embed.weight, generator=torch.Generator().manual_seed(seed))
+        self.embed.requires_grad_(False)
+
+    def setup(self, device):
+        self.embed.to(device).eval()
+
+    def encode(self, ids):
+        return self.embed(ids).mean(0)
+
+    def prepare(self, refs, sources):
+        return [self.encode(r) for r in refs]
+
+    def batch_cost(self, hyps, refs, sources=None, prepared=None):
+        h = torch.stack([self.encode(y) for y in hyps])
+        r = torch.stack(list(prepared) if prepared is not None else [self.encode(y) for y in refs])
+        return 1 - torch.nn.functional.cosine_similarity(h, r, dim=-1)
 
 
 def not_a_cost(hyps, refs):

@@ -85,7 +85,7 @@ def prune(columns: Callable[[Tensor, int, int], Tensor], num_hyps: int, num_refs
         block = columns(rows, done, r).double().reshape(len(rows), r - done)
         costs, done = torch.cat([costs, block], dim=1), r
         evaluations += block.numel()
-        if step == len(steps) - 1 or len(rows) == 1:
+        if step == len(steps) - 1:
             break
         best = int(ranking(costs.mean(dim=1))[0])
         resamples = torch.randint(r, (bootstrap, r), generator=generator)
@@ -94,6 +94,8 @@ def prune(columns: Callable[[Tensor, int, int], Tensor], num_hyps: int, num_refs
         keep = wins > 1 - alpha
         keep[best] = True
         rows, costs = rows[keep], costs[keep]
+        if len(rows) == 1:  # the choice is made
+            break
     risk = costs.mean(dim=1)
     order = ranking(risk)
     return Pruned(rows[order], risk[order], evaluations, steps[:step + 1])

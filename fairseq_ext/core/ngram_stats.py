@@ -6,8 +6,8 @@ candidate against every pseudo-reference; MRT: the candidates of an input agains
 reference) spends most of sacrebleu's ``sentence_score`` on tokenising and counting the
 same strings again. ``BleuStats`` and ``ChrfStats`` keep each sentence's n-gram counts
 (a bounded cache keyed by the string) and compute the score from them with sacrebleu's
-own statistics and formula (``_compute_score_from_stats``: its tokenisation, smoothing,
-effective order and brevity penalty), so the value is sacrebleu's, to the last bit
+own statistics and formula (its tokenisation, smoothing, effective order and brevity
+penalty), so the value is sacrebleu's, to the last bit
 (tests/test_mbr.py checks it on random pairs).
 
 Reference aggregation (DeNero et al., 2009; Vamvas & Sennrich, 2024, "Linear-time MBR
@@ -17,6 +17,7 @@ the expected reference length sum_r w_r |r|); a hypothesis is scored against tha
 as against a reference whose counts are fractional (matches min(count_h(g), E[count(g)])).
 One score per hypothesis instead of one per pair: O(H + R) instead of O(H R).
 """
+import math
 from collections import Counter
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -57,6 +58,41 @@ def _expected_counts(bags: Sequence[Counter], weights: Sequence[float]) -> Count
     return out
 
 
+def bleu_from_stats(correct: List[float], total: List[float], sys_len: float, ref_len: float, bleu) -> float:
+    """BLEU (0-100) from its statistics with the smoothing of ``bleu`` (a ``sacrebleu.metrics.BLEU``),
+    the operations of sacrebleu's ``BLEU.compute_bleu`` in its order, so integer statistics give
+    its value bit for bit; fractional ones (an aggregate's) are taken as they are (sacrebleu's
+    score object formats lengths as integers)."""
+    method, value, order = bleu.smooth_method, bleu.smooth_value, bleu.max_ngram_order
+    if value is None:
+        value = bleu.SMOOTH_DEFAULTS[method]
+    bp = 1.0
+    if sys_len < ref_len:
+        bp = math.exp(1 - ref_len / sys_len) if sys_len > 0 else 0.0
+    if not any(correct):
+        return 0.0
+    correct, total = list(correct), list(total)
+    precisions = [0.0] * order
+    smooth_mteval, eff_order = 1.0, order
+    for n in range(1, order + 1):
+        if method == "add-k" and n > 1:
+            correct[n - 1] += value
+            total[n - 1] += value
+        if total[n - 1] == 0:
+            break
+        if bleu.effective_order:
+            eff_order = n
+        if correct[n - 1] == 0:
+            if method == "exp":
+                smooth_mteval *= 2
+                precisions[n - 1] = 100.0 / (smooth_mteval * total[n - 1])
+            elif method == "floor":
+                precisions[n - 1] = 100.0 * value / total[n - 1]
+        else:
+            precisions[n - 1] = 100.0 * correct[n - 1] / total[n - 1]
+    return bp * math.exp(sum([math.log(p) if p > 0 else -9999999999 for p in precisions[:eff_order]]) / eff_order)
+
+
 class BleuStats:
     """sacrebleu sentence BLEU of ``bleu`` (a ``sacrebleu.metrics.BLEU``) from cached
     word n-gram counts: ``score(hyp, ref)`` equals ``bleu.sentence_score(hyp, [ref]).score``."""
@@ -79,7 +115,7 @@ class BleuStats:
             total[n] += count
             if gram in ref_counts:
                 correct[n] += min(count, ref_counts[gram])
-        return self.bleu._compute_score_from_stats([hyp_len, ref_len] + correct + total).score
+        return bleu_from_stats(correct, total, hyp_len, ref_len, self.bleu)
 
     def score(self, hyp: str, ref: str) -> float:
         counts, length = self.cache.get(ref)
