@@ -231,7 +231,7 @@ EXPECTED_SECONDS = {
     "test_prepare_translation": 40, "test_mgs_distributed": 30, "test_option_errors": 30, "test_soft_beam_label_bias": 27,
     "test_mgs_cli": 26, "test_dss": 25, "test_residual_ebm_cli": 24, "test_bench_mgs_smoke": 24,
     "test_bench_criteria_smoke": 23, "test_mh_core": 18, "test_estimators": 17, "test_score_script": 16,
-    "test_exact_resume": 15, "test_cli": 14, "test_logging": 11, "test_pg_baseline": 11, "test_mlm_energy_synthetic": 11,
+    "test_mbr_generate": 60, "test_exact_resume": 15, "test_cli": 14, "test_logging": 11, "test_pg_baseline": 11, "test_mlm_energy_synthetic": 11,
 }
 
 # ---------------------------------------------------------------- the full suite

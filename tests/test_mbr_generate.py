@@ -1,0 +1,190 @@
+"""``fairseq-generate --task translation_mbr`` on a trained tiny transformer: every kind of
+candidate, pseudo-references, the user's own and the COMET-style cost, reference
+aggregation, pruning and QE reranking; the printed choice against the costs recomputed
+from the printed texts with sacrebleu; the output read by the scoring script; shards; errors."""
+import json
+import os
+import subprocess
+
+import pytest
+import sacrebleu
+
+from conftest import REPO, assert_shards_make_one_run, cli_env, hypotheses_by_id, run_cli
+from fairseq_ext.synthetic import tiny_models
+
+USER = ["--user-dir", os.path.join(REPO, "fairseq_ext")]
+TESTS = os.path.join(REPO, "tests")
+STAND_INS = os.path.join(REPO, "tests", "stand_ins")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(toy_bin, tmp_path_factory):
+    save = tmp_path_factory.mktemp("mbr_ck")
+    run_cli(["fairseq-train", toy_bin, *USER, "--task", "translation", *tiny_models.TINY_ARCHS["transformer"],
+             "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "0.01", "--max-tokens", "400",
+             "--max-update", "120", "--num-workers", "0", "--save-dir", str(save), "--no-epoch-checkpoints",
+             "--disable-validation", "--seed", "1"])
+    return str(save / "checkpoint_last.pt")
+
+
+def generate(toy_bin, checkpoint, tmp_path, *extra, env=None, name="mbr"):
+    """(stdout, the records of --mbr-output-file) of one MBR run on the 40 valid sentences."""
+    out = tmp_path / f"{name}.jsonl"
+    proc = run_cli(["fairseq-generate", toy_bin, *USER, "--task", "translation_mbr", "--path", checkpoint,
+                    "--gen-subset", "valid", "--batch-size", "16", "--mbr-num-candidates", "8",
+                    "--mbr-output-file", str(out), *extra], env=env)
+    return proc.stdout, {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+
+
+def chosen_text(stdout):
+    return {sid: lines[0].split("\t", 1)[1] for sid, lines in hypotheses_by_id(stdout).items()}
+
+
+def risks_from_matrix(record):
+    """Each candidate's expected cost from the printed matrix and reference counts, by loops."""
+    counts = record["reference_count"]
+    return [sum(c * v for c, v in zip(counts, row)) / sum(counts) for row in record["matrix"]]
+
+
+def test_the_printed_choice_is_the_least_expected_cost_of_the_printed_matrix(toy_bin, checkpoint, tmp_path):
+    """Default candidates (epsilon sampling) and cost (chrF): 40 sentences, one hypothesis each;
+    each matrix entry is 1 - sacrebleu's chrF of the printed candidate and reference; the
+    printed hypothesis is the brute-force argmin of the expected cost (first of equals), and
+    the scoring script reads the output."""
+    stdout, records = generate(toy_bin, checkpoint, tmp_path, "--mbr-output-matrix")
+    chosen = chosen_text(stdout)
+    assert len(chosen) == len(records) == 40
+    chrf = sacrebleu.metrics.CHRF()
+    several = 0
+    for sid, record in records.items():
+        assert sum(record["count"]) == 8 and sum(record["reference_count"]) == 8
+        for hyp, row in zip(record["candidates"], record["matrix"]):
+            for ref, value in zip(record["references"], row):
+                assert value == pytest.approx(1 - chrf.sentence_score(hyp, [ref]).score / 100, abs=1e-6)
+        risks = risks_from_matrix(record)
+        best = min(range(len(risks)), key=lambda i: (round(risks[i], 9), i))
+        assert chosen[sid] == record["candidates"][best]
+        assert record["risk"] == pytest.approx(risks, abs=1e-6)
+        several += len(record["candidates"]) > 1
+    assert several >= 10  # the samples differ: a real choice in most sentences
+    (tmp_path / "out.txt").write_text(stdout)
+    score = run_cli(["python", "scripts/score/score.py", str(tmp_path / "out.txt")]).stdout
+    assert "BLEU" in score
+
+
+def test_beam_and_file_candidates(toy_bin, checkpoint, tmp_path):
+    """--mbr-candidates beam: the candidates are fairseq's own 4-best of a beam of 4; the same
+    candidates from a file (fairseq-generate's H- lines) give the same choices."""
+    fairseq = run_cli(["fairseq-generate", toy_bin, *USER, "--path", checkpoint, "--gen-subset", "valid",
+                       "--batch-size", "16", "--beam", "4", "--nbest", "4"]).stdout
+    nbest = {sid: sorted(x.split("\t", 1)[1] for x in lines) for sid, lines in hypotheses_by_id(fairseq).items()}
+    beam_out, beam = generate(toy_bin, checkpoint, tmp_path, "--mbr-candidates", "beam", "--mbr-num-candidates", "4",
+                              name="beam")
+    for sid, record in beam.items():
+        expanded = sorted(c for c, n in zip(record["candidates"], record["count"]) for _ in range(n))
+        assert expanded == nbest[sid]
+    path = tmp_path / "candidates.txt"
+    path.write_text(fairseq)
+    file_out, from_file = generate(toy_bin, checkpoint, tmp_path, "--mbr-candidates", "file",
+                                   "--mbr-candidates-file", str(path), name="file")
+    assert chosen_text(file_out) == chosen_text(beam_out)
+    assert all(from_file[s]["risk"] == pytest.approx(beam[s]["risk"]) for s in beam if beam[s]["candidates"] ==
+               from_file[s]["candidates"])
+
+
+def test_separate_references_aggregation_and_pruning(toy_bin, checkpoint, tmp_path):
+    """--mbr-references sample draws 6 references apart from the candidates; with
+    --mbr-aggregate each candidate's risk is sBLEU's aggregated cost against them (recomputed
+    here from the printed texts and counts); pruning computes fewer entries than the full
+    matrix and, where nothing was pruned, ranks as the full matrix does."""
+    from fairseq_ext.core.task_losses import build_task_loss
+
+    common = ["--mbr-task-loss", "sbleu", "--mbr-references", "sample", "--mbr-num-references", "6"]
+    _, agg = generate(toy_bin, checkpoint, tmp_path, *common, "--mbr-aggregate", name="agg")
+    bleu = build_task_loss("sbleu")
+    for record in agg.values():
+        assert sum(record["reference_count"]) == 6
+        expected = bleu.aggregated_cost(record["candidates"], record["references"], record["reference_count"])
+        assert record["risk"] == pytest.approx(expected.tolist(), abs=1e-6)
+        assert record["evaluations"] == len(record["candidates"])
+    _, full = generate(toy_bin, checkpoint, tmp_path, "--mbr-task-loss", "sbleu", "--mbr-num-candidates", "16",
+                       name="full")
+    _, pruned = generate(toy_bin, checkpoint, tmp_path, "--mbr-task-loss", "sbleu", "--mbr-num-candidates", "16",
+                         "--mbr-prune-alpha", "0.9", "--mbr-prune-schedule", "2,4", "--mbr-prune-bootstrap", "50",
+                         name="pruned")
+    assert sum(r["evaluations"] for r in pruned.values()) < sum(r["evaluations"] for r in full.values())
+    for sid, record in pruned.items():
+        assert record["candidates"] == full[sid]["candidates"]
+        if None not in record["risk"]:
+            assert record["order"] == full[sid]["order"]
+
+
+def test_qe_reranking_and_the_users_own_cost(toy_bin, checkpoint, tmp_path):
+    """A cost that reads no reference (the user's own, by import path) reranks: each risk is the
+    cost itself, |words - source words| / 10, and no reference is drawn."""
+    stdout, records = generate(toy_bin, checkpoint, tmp_path, "--mbr-task-loss", "user_costs:LengthGap",
+                               env={"PYTHONPATH": os.pathsep.join([REPO, TESTS])}, name="qe")
+    sources = {sid: lines[0] for sid, lines in __import__("fairseq_ext.evaluation.generate_output",
+                                                          fromlist=["parse"]).parse(stdout)["S"].items()}
+    chosen = chosen_text(stdout)
+    for sid, record in records.items():
+        assert "references" not in record
+        gap = [abs(len(c.split()) - len(sources[sid].split())) / 10 for c in record["candidates"]]
+        assert record["risk"] == pytest.approx(gap, abs=1e-6)
+        assert chosen[sid] == record["candidates"][min(range(len(gap)), key=lambda i: (gap[i], i))]
+
+
+def test_the_comet_style_cost_decodes(toy_bin, checkpoint, tmp_path):
+    """The comet cost through MBR, with the local stand-in of unbabel-comet: every matrix entry
+    is 1 - the stand-in's score of (source, candidate, reference)."""
+    log = tmp_path / "stand_in_calls.jsonl"
+    stdout, records = generate(toy_bin, checkpoint, tmp_path, "--mbr-task-loss",
+                               "comet(model=tiny/local-comet,batch_size=7)", "--mbr-output-matrix",
+                               env={"PYTHONPATH": os.pathsep.join([REPO, STAND_INS]), "COMET_STAND_IN_LOG": str(log)},
+                               name="comet")
+    import sys
+
+    sys.path.insert(0, STAND_INS)
+    try:
+        import comet
+
+        sources = __import__("fairseq_ext.evaluation.generate_output", fromlist=["parse"]).parse(stdout)["S"]
+        for sid, record in records.items():
+            for hyp, row in zip(record["candidates"], record["matrix"]):
+                for ref, value in zip(record["references"], row):
+                    sample = {"src": sources[sid][0], "mt": hyp, "ref": ref}
+                    assert value == pytest.approx(1 - comet.score(sample), abs=1e-5)
+    finally:
+        sys.path.remove(STAND_INS)
+        sys.modules.pop("comet", None)
+    predicts = [json.loads(line) for line in log.read_text().splitlines() if '"predict"' in line]
+    assert predicts and all(1 <= p["n"] <= 7 and not p["grad"] for p in predicts)
+
+
+def test_shards_make_one_run_and_the_seed_decides(toy_bin, checkpoint, tmp_path):
+    base = ["fairseq-generate", toy_bin, *USER, "--task", "translation_mbr", "--path", checkpoint, "--gen-subset",
+            "valid", "--batch-size", "8", "--mbr-num-candidates", "6"]
+    whole = assert_shards_make_one_run(base)
+    other = hypotheses_by_id(run_cli(base + ["--seed", "7"]).stdout)
+    assert other != whole and other.keys() == whole.keys()
+
+
+@pytest.mark.parametrize("bad,message", [
+    (["--mbr-candidates", "file"], "--mbr-candidates file needs --mbr-candidates-file"),
+    (["--mbr-candidates", "file", "--mbr-candidates-file", "/nonexistent/c.txt"],
+     "--mbr-candidates-file /nonexistent/c.txt: cannot read it"),
+    (["--mbr-aggregate", "--mbr-task-loss", "edit"], "--mbr-aggregate: edit has no aggregated form"),
+    (["--mbr-num-references", "4"], "--mbr-num-references needs --mbr-references sample"),
+    (["--mbr-num-candidates", "0"], "--mbr-num-candidates must be >= 1, got 0"),
+    (["--mbr-epsilon", "1.0"], "--mbr-epsilon must be in (0, 1), got 1.0"),
+    (["--mbr-task-loss", "nosuchcost"], "--mbr-task-loss must be a task loss"),
+])
+def test_bad_options_end_with_one_line(toy_bin, checkpoint, tmp_path, bad, message):
+    out = tmp_path / "never.jsonl"
+    proc = subprocess.run(["fairseq-generate", toy_bin, *USER, "--task", "translation_mbr", "--path", checkpoint,
+                           "--gen-subset", "valid", *bad, "--mbr-output-file", str(out)],
+                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("fairseq-generate: error: " + message), last
+    assert "Traceback" not in proc.stderr and not out.exists()
