@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+from typing import Optional
 
 import pytest
 
@@ -72,7 +73,7 @@ def violations(f, constraint):
     if isinstance(constraint, Rule):
         return [constraint.counterexample]
     assert isinstance(constraint, Range), constraint
-    step = 1 if f.type is int else 0.5
+    step = 1 if f.type in (int, Optional[int]) else 0.5
     out = []
     if constraint.low is not None:
         out.append(constraint.low if constraint.low_open else constraint.low - step)
