@@ -4,7 +4,8 @@
 # Aziz, 2020): N epsilon samples (epsilon 0.02) as both candidates and pseudo-references,
 # the utility chrF or sBLEU, against beam 5 of the same model; SEEDS sampling seeds; test
 # BLEU and chrF with a paired bootstrap against beam 5 (scripts/score/compare_runs.py,
-# beam 5's one output paired with every seed's), and the seconds per sentence.
+# beam 5's one output paired with every seed's), and the seconds per sentence (each run's
+# .log); each run's candidates, their counts and risks in gen/mbr.*.jsonl (--mbr-output-file).
 #
 # Models (one core each): the MLE transformer of examples/mgs/multi30k.sh and the same
 # model after 600 updates of MRT on sBLEU (mrt) and on chrF (mrt_chrf), both with the MLE
@@ -51,7 +52,7 @@ for model in $MODELS; do
       log "MBR: $model, $cost, N $N, seed $seed"
       fairseq-generate "$WORK/data/bin" --user-dir "$(fairseq-ext-dir)" --path "$(checkpoint "$model")" \
         --task translation_mbr --mbr-num-candidates "$N" --mbr-task-loss "$cost" --seed "$seed" "${GEN[@]}" \
-        > "$out.part" 2> "$out.log"
+        --mbr-output-file "${out%.out}.jsonl" > "$out.part" 2> "$out.log"
       mv "$out.part" "$out"
     done
   done
