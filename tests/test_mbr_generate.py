@@ -132,6 +132,12 @@ def test_qe_reranking_and_the_users_own_cost(toy_bin, checkpoint, tmp_path):
         gap = [abs(len(c.split()) - len(sources[sid].split())) / 10 for c in record["candidates"]]
         assert record["risk"] == pytest.approx(gap, abs=1e-6)
         assert chosen[sid] == record["candidates"][min(range(len(gap)), key=lambda i: (gap[i], i))]
+    # a neural reference-free cost whose prepare encodes the source once (as in training)
+    _, records = generate(toy_bin, checkpoint, tmp_path, "--mbr-task-loss", "user_costs:EmbeddingDistance",
+                          env={"PYTHONPATH": os.pathsep.join([REPO, TESTS])}, name="qe_neural")
+    for record in records.values():
+        risks = [record["risk"][i] for i in record["order"]]
+        assert None not in risks and risks == sorted(risks) and record["evaluations"] == len(risks)
 
 
 def test_the_comet_style_cost_decodes(toy_bin, checkpoint, tmp_path):

@@ -26,9 +26,15 @@ class _Part:
         self.hyps = cost.convert_hyps(hyps)
         self.source = cost.convert_sources([source])[0] if cost.needs_source else None
         self.uses_refs = cost.needs_reference
-        self.refs = cost.convert_refs(refs) if self.uses_refs else None
-        self.prepared = (cost.loss.prepare(self.refs, [self.source] * len(self.refs) if self.source is not None else None)
-                         if self.uses_refs else None)
+        # prepare: one item per (reference, source) for a cost that reads references, one for the source alone
+        # otherwise (as BatchScorer prepares one item per input)
+        if self.uses_refs:
+            self.refs = cost.convert_refs(refs)
+            sources = [self.source] * len(self.refs) if self.source is not None else None
+            self.prepared = cost.loss.prepare(self.refs, sources)
+        else:
+            self.refs = None
+            self.prepared = cost.loss.prepare(None, [self.source] if self.source is not None else None)
 
     def pairs(self, rows: List[int], cols: List[int]) -> Tensor:
         """Costs of the pairs (rows[k], cols[k])."""
@@ -39,7 +45,8 @@ class _Part:
     def alone(self) -> Tensor:
         """Costs (H,) of a reference-free cost."""
         sources = [self.source] * len(self.hyps) if self.source is not None else None
-        return self.cost.from_converted(self.hyps, None, sources)
+        prepared = [self.prepared[0]] * len(self.hyps) if self.prepared is not None else None
+        return self.cost.from_converted(self.hyps, None, sources, prepared)
 
 
 class CostMatrix:
