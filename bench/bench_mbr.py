@@ -3,7 +3,7 @@
 against the ``mbrs`` package (naist-nlp/mbrs), on the same candidates and the same
 metric, measured in the same run.
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python bench/bench_mbr.py`` (about a minute on one
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python bench/bench_mbr.py`` (about two minutes on one
 CPU core; ``--quick`` for a smoke run, ``--candidates FILE`` for real candidates,
 ``--json FILE`` to keep the rows). ``mbrs`` is a benchmark-only dependency:
 ``pip install --no-deps mbrs==0.1.8 && pip install fastchrf simple-parsing tabulate``.
@@ -62,6 +62,7 @@ counted), mbrs without the pool. Printed, never asserted.
 """
 import argparse
 import json
+import logging
 import random
 import sys
 import tracemalloc
@@ -75,6 +76,8 @@ from fairseq_ext.core.mbr import bayes_risk, ranking
 from fairseq_ext.core.task_losses import build_task_loss
 
 import timing  # bench/timing.py, beside this script
+
+logging.getLogger("simple_parsing").setLevel(logging.WARNING)  # imported by mbrs; its debug lines are noise
 
 WORDS = ("a", "the", "man", "woman", "child", "dog", "girl", "boy", "people", "group", "in", "on", "with", "of",
          "at", "is", "are", "sitting", "standing", "walking", "playing", "running", "holding", "wearing", "red",
@@ -340,7 +343,7 @@ def main():
                for r in mem], left=2)
     settings = {"sentences": len(data), "candidates": args.candidates, "n_mean": n_mean, "warmup": args.warmup,
                 "repeats": args.repeats, "quick": args.quick, "clock": "wall", "threads": 1,
-                "mbrs": version("mbrs") if mbrs else None, "mbrs_unavailable": why,
+                "mbrs": version("mbrs") if mbrs else None, "sacrebleu": version("sacrebleu"), "mbrs_unavailable": why,
                 "stubbed": sorted(stubbed), "torch": torch.__version__}
     timing.report(title, text, {"settings": settings, "rows": rows, "score_differences": diffs, "memory": mem,
                                 "inputs": [distinct(s) for s in data]}, args.json, indent=1)
