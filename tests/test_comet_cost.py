@@ -32,6 +32,62 @@ def test_stand_in_scores_by_its_rule():
         sys.modules.pop("comet", None)
 
 
+def stand_in_score(sample):
+    """The stand-in's rule, by hand: the share of the reference's words found in the hypothesis
+    (words compared by their hash bucket), over 1 + |len(mt) - len(src)| / 10."""
+    sys.path.insert(0, STAND_INS)
+    try:
+        from comet import bucket
+    finally:
+        sys.path.remove(STAND_INS)
+        sys.modules.pop("comet", None)
+    mt, ref, src = sample["mt"].split(), sample["ref"].split(), sample["src"].split()
+    found = sum(bucket(w) in {bucket(v) for v in mt} for w in ref)
+    return found / max(len(ref), 1) / (1 + abs(len(mt) - len(src)) / 10)
+
+
+@pytest.fixture
+def comet_cost():
+    sys.path.insert(0, STAND_INS)
+    try:
+        from fairseq_ext.core.task_losses import CometCost
+
+        yield CometCost(model="tiny/local-comet", batch_size=2)
+    finally:
+        sys.path.remove(STAND_INS)
+        sys.modules.pop("comet", None)
+
+
+def test_aggregation_scores_against_the_mean_reference_embedding(comet_cost):
+    """Hand-computed: references "x q" and "x y z w", hypothesis "y z", source "a b c" (all
+    words in distinct buckets). Mean bag of the references, uniform: x 1, q y z w 0.5 (3
+    words); the hypothesis finds y and z: overlap 1/3, over 1 + |2 - 3| / 10. Weights (3/4,
+    1/4): x 1, q 0.75, y z w 0.25 (2.5 words): overlap 0.5 / 2.5 = 0.2. One reference: the
+    plain cost, for every hypothesis, batched by batch_size."""
+    refs, src = ["x q", "x y z w"], "a b c"
+    assert comet_cost.aggregatable
+    uniform = comet_cost.aggregated_cost(["y z"], refs, None, src)
+    assert float(uniform[0]) == pytest.approx(1 - (1 / 3) / 1.1)
+    weighted = comet_cost.aggregated_cost(["y z"], refs, [0.75, 0.25], src)
+    assert float(weighted[0]) == pytest.approx(1 - 0.2 / 1.1)
+    hyps = ["x", "x q", "y z w", "a b c x", "q q q q q"]
+    one = comet_cost.aggregated_cost(hyps, ["x q"], None, src)
+    plain = comet_cost(hyps, ["x q"] * len(hyps), [src] * len(hyps))
+    assert one.tolist() == pytest.approx(plain.tolist())
+    assert one.tolist() == pytest.approx([1 - stand_in_score({"src": src, "mt": h, "ref": "x q"}) for h in hyps])
+
+
+def test_a_model_without_an_estimator_has_no_aggregate():
+    sys.path.insert(0, STAND_INS)
+    try:
+        from fairseq_ext.core.task_losses import CometCost
+
+        assert not CometCost(model="tiny/xcomet").aggregatable
+    finally:
+        sys.path.remove(STAND_INS)
+        sys.modules.pop("comet", None)
+
+
 @pytest.mark.parametrize("criterion", ["mrt", "mgs"])
 def test_comet_cost_through_fairseq_train(criterion, toy_bin, tmp_path):
     log = tmp_path / "comet.jsonl"
@@ -49,9 +105,7 @@ def test_comet_cost_through_fairseq_train(criterion, toy_bin, tmp_path):
     for c in predicts:
         for sample, value in zip(c["samples"], c["scores"]):
             assert set(sample) == {"src", "mt", "ref"} and all(isinstance(v, str) for v in sample.values())
-            assert value == pytest.approx((sum(w in sample["mt"].split() for w in sample["ref"].split())
-                                           / max(len(sample["ref"].split()), 1))
-                                          / (1 + abs(len(sample["mt"].split()) - len(sample["src"].split())) / 10))
+            assert value == pytest.approx(stand_in_score(sample))
     (train,) = [json.loads(line.split("| train_inner | ", 1)[1]) for line in (proc.stdout + proc.stderr).splitlines()
                 if "| train_inner | " in line]
     scores = [s for c in predicts for s in c["scores"]]

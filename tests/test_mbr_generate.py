@@ -167,6 +167,46 @@ def test_the_comet_style_cost_decodes(toy_bin, checkpoint, tmp_path):
     assert predicts and all(1 <= p["n"] <= 7 and not p["grad"] for p in predicts)
 
 
+def test_comet_reference_aggregation(toy_bin, checkpoint, tmp_path):
+    """--mbr-aggregate with the comet cost: each candidate against the count-weighted mean of
+    the references' sentence embeddings. The stand-in's embedding is a bag of hashed words,
+    so each risk is, by hand, 1 - (sum_j w_j found_j / sum_j w_j len_j) / (1 + |len(mt) -
+    len(src)| / 10), found_j the words of reference j found in the candidate; the encoder
+    runs without gradients and no pair goes through predict. A model without an estimator
+    (COMET's unified models) is refused in one line."""
+    import sys
+
+    log = tmp_path / "stand_in_calls.jsonl"
+    env = {"PYTHONPATH": os.pathsep.join([REPO, STAND_INS]), "COMET_STAND_IN_LOG": str(log)}
+    stdout, records = generate(toy_bin, checkpoint, tmp_path, "--mbr-task-loss",
+                               "comet(model=tiny/local-comet,batch_size=5)", "--mbr-aggregate", env=env, name="agg")
+    sys.path.insert(0, STAND_INS)
+    try:
+        from comet import bucket
+    finally:
+        sys.path.remove(STAND_INS)
+        sys.modules.pop("comet", None)
+    sources = __import__("fairseq_ext.evaluation.generate_output", fromlist=["parse"]).parse(stdout)["S"]
+    for sid, record in records.items():
+        src, w = sources[sid][0].split(), record["reference_count"]
+        for hyp, risk in zip(record["candidates"], record["risk"]):
+            mt = {bucket(v) for v in hyp.split()}
+            found = sum(c * sum(bucket(v) in mt for v in ref.split()) for c, ref in zip(w, record["references"]))
+            words = max(sum(c * len(ref.split()) for c, ref in zip(w, record["references"])), 1)
+            assert risk == pytest.approx(1 - found / words / (1 + abs(len(hyp.split()) - len(src)) / 10), abs=1e-5)
+        assert record["evaluations"] == len(record["candidates"])
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    embeds = [c for c in calls if c["call"] == "get_sentence_embedding"]
+    assert embeds and all(1 <= c["n"] <= 5 and not c["grad"] for c in embeds)
+    assert not [c for c in calls if c["call"] == "predict"]
+    proc = subprocess.run(["fairseq-generate", toy_bin, *USER, "--task", "translation_mbr", "--path", checkpoint,
+                           "--gen-subset", "valid", "--mbr-task-loss", "comet(model=tiny/xcomet)", "--mbr-aggregate"],
+                          cwd=REPO, env=cli_env(**env), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "fairseq-generate: error: --mbr-aggregate: comet(model=tiny/xcomet) has no aggregated form"), proc.stderr[-500:]
+
+
 def test_shards_make_one_run_and_the_seed_decides(toy_bin, checkpoint, tmp_path):
     base = ["fairseq-generate", toy_bin, *USER, "--task", "translation_mbr", "--path", checkpoint, "--gen-subset",
             "valid", "--batch-size", "8", "--mbr-num-candidates", "6"]

@@ -354,8 +354,9 @@ class TaskLoss:
         """Costs (H,) of H hypotheses of one input against the aggregate of its R references
         (weights summing to 1; None: uniform), for MBR decoding with reference aggregation:
         ``sbleu`` and ``chrf`` against the expected n-gram counts (``core.ngram_stats``), an
-        ``EmbeddingCost`` against the mean embedding. Other costs have no aggregate."""
-        raise NotImplementedError(f"{type(self).__name__} has no aggregated form (sbleu, chrf and "
+        ``EmbeddingCost`` and ``comet`` (a regression model) against the mean embedding. Other
+        costs have no aggregate."""
+        raise NotImplementedError(f"{type(self).__name__} has no aggregated form (sbleu, chrf, comet and "
                                   "EmbeddingCost subclasses have)")
 
     def _check_side(self, items: Optional[Sequence], n: int, role: str, needed: bool,
@@ -520,6 +521,12 @@ class CometCost(TaskLoss):
         self.model = comet.load_from_checkpoint(path)
         self.batch_size = batch_size
         self.devices: Optional[list] = None  # None: COMET's predict on the CPU
+        # reference aggregation needs a regression model's estimator over the sentence embeddings of
+        # the source, the hypothesis and the reference (wmt22-comet-da and the other RegressionMetric models)
+        estimate = getattr(self.model, "estimate", None)
+        self.aggregatable = (callable(estimate) and hasattr(self.model, "get_sentence_embedding")
+                             and hasattr(getattr(self.model, "encoder", None), "prepare_sample")
+                             and "ref_sentemb" in inspect.signature(estimate).parameters)
 
     def setup(self, device: torch.device) -> None:
         device = torch.device(device)
@@ -531,6 +538,29 @@ class CometCost(TaskLoss):
         gpus = {"gpus": 1, "devices": self.devices} if self.devices is not None else {"gpus": 0}
         out = self.model.predict(data, batch_size=len(data), progress_bar=False, **gpus)
         return 1.0 - torch.tensor([float(x) for x in out.scores], dtype=torch.float32)
+
+    def _embed(self, sentences: list, device: torch.device) -> torch.Tensor:
+        """COMET's sentence embeddings (len(sentences), D), ``batch_size`` sentences a pass."""
+        out = []
+        for i in range(0, len(sentences), self.batch_size):
+            batch = self.model.encoder.prepare_sample(list(sentences[i : i + self.batch_size]))
+            out.append(self.model.get_sentence_embedding(**{k: v.to(device) for k, v in batch.items()}))
+        return torch.cat(out)
+
+    def aggregated_cost(self, hyps, refs, weights=None, source=None) -> torch.Tensor:
+        """1 - COMET's estimate of every hypothesis against the weighted mean of the references'
+        sentence embeddings (Vamvas & Sennrich, 2024): H + R + 1 encodings and H estimator
+        passes instead of H x R forward passes. One reference: the plain score."""
+        device = torch.device("cuda", self.devices[0]) if self.devices else torch.device("cpu")
+        self.model.to(device)
+        with torch.no_grad():
+            embedded = self._embed([source] + list(refs) + list(hyps), device)
+            src, ref, hyp = embedded[:1], embedded[1 : 1 + len(refs)], embedded[1 + len(refs) :]
+            w = (torch.full((len(refs),), 1.0 / len(refs)) if weights is None
+                 else torch.as_tensor(weights, dtype=torch.float64))
+            mean = (w / w.sum()).to(ref) @ ref
+            score = self.model.estimate(src.expand(len(hyps), -1), hyp, mean.expand(len(hyps), -1))["score"]
+        return 1.0 - score.detach().float().cpu().view(-1)
 
 
 @register_task_loss("edit")

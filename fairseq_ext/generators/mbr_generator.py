@@ -23,7 +23,7 @@ from torch import Tensor
 from fairseq_ext.core.mbr import bayes_risk, prune, ranking
 from fairseq_ext.core.sampling import batch_generator
 from fairseq_ext.costs.batch_scorer import BatchScorer
-from fairseq_ext.costs.cost_matrix import CostMatrix
+from fairseq_ext.costs.cost_matrix import CostMatrix, not_aggregatable
 from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
 from fairseq_ext.evaluation.generate_output import parse
 from fairseq_ext.runtime.cli import ConfigError
@@ -91,10 +91,11 @@ class MBRGenerator:
         self.scorer.ensure_lm_scorer(self.model)
         self.qe = not any(cost.needs_reference for cost in self.scorer.costs.values())
         if cfg.mbr_aggregate and not self.qe:
-            missing = [n for n, c in self.scorer.costs.items() if c.needs_reference and not c.loss.aggregatable]
+            missing = not_aggregatable(self.scorer)
             if missing:
-                raise ConfigError(f"--mbr-aggregate: {', '.join(missing)} has no aggregated form (sbleu, chrf and "
-                                  "costs derived from EmbeddingCost have one)")
+                raise ConfigError(f"--mbr-aggregate: {', '.join(missing)} has no aggregated form (sbleu, chrf, comet "
+                                  "with a regression model such as Unbabel/wmt22-comet-da, and costs derived from "
+                                  "EmbeddingCost have one)")
         n, kind = cfg.mbr_num_candidates, str(cfg.mbr_candidates)
         limits = dict(max_len_a=float(getattr(args, "max_len_a", 0.0)), max_len_b=int(getattr(args, "max_len_b", 200)),
                       min_len=int(getattr(args, "min_len", 1)))

@@ -78,7 +78,8 @@ class TranslationMBRConfig(TranslationConfig):
         "help": "checkpoint of the lm cost's scorer (default: the decoded model itself)"})
     mbr_aggregate: bool = field(default=False, metadata={
         "help": "reference aggregation: each candidate against the expected n-gram counts of all references (sbleu, "
-                "chrf) or their mean embedding (EmbeddingCost): N cost evaluations per sentence instead of N x M"})
+                "chrf) or their mean embedding (comet with a regression model, EmbeddingCost): N cost evaluations per "
+                "sentence instead of N x M"})
     mbr_prune_alpha: Optional[float] = field(default=None, metadata={
         "help": "confidence-based pruning (Cheng & Vlachos, 2023): after each step of --mbr-prune-schedule, drop "
                 "the candidates whose bootstrap win rate is <= 1 - alpha (0.99 in the paper; default: no pruning)",

@@ -1,18 +1,26 @@
-"""A stand-in for the ``unbabel-comet`` package with its interface (``download_model``,
-``load_from_checkpoint``, a model whose ``predict`` returns ``.scores``), built locally:
-a tiny frozen torch model, so that the ``comet`` cost runs end to end without a download.
+"""A stand-in for the ``unbabel-comet`` package with the interface the plugin uses
+(``download_model``, ``load_from_checkpoint``, a model whose ``predict`` returns ``.scores``,
+and the pieces of COMET's regression models that reference aggregation reads:
+``encoder.prepare_sample``, ``get_sentence_embedding``, ``estimate``), built locally: a tiny
+frozen torch model, so that the ``comet`` cost runs end to end without a download.
 
-Its score of a sample is the share of the reference's words found in the hypothesis,
-times 1 / (1 + |words(hypothesis) - words(source)| / 10) (a source-aware factor), through
-a hashed word-embedding table (EmbeddingBag) so that a real torch forward runs. Every call
-is appended to $COMET_STAND_IN_LOG as one JSON line: the model name or path it was given,
-and for ``predict`` the samples, batch size, device arguments and scores."""
+As in COMET's regression models, ``predict`` is ``estimate`` on the sentence embeddings of
+the source, the hypothesis and the reference. A sentence's embedding is its bag of words,
+hashed into BUCKETS counts (an EmbeddingBag with one-hot rows: a real torch forward). The
+estimate is overlap / (1 + |len(mt) - len(src)| / 10), where overlap is the share of the
+reference's words whose bucket occurs in the hypothesis (for a mean of reference
+embeddings: the mean counts, weighted alike). ``score`` computes the same rule for one
+sample in plain Python. Every call is appended to $COMET_STAND_IN_LOG as one JSON line: the
+model name or path it was given, and for ``predict`` the samples, batch size, device
+arguments and scores; for ``get_sentence_embedding`` the number of sentences."""
 import json
 import os
 import types
 import zlib
 
 import torch
+
+BUCKETS = 256  # bucket 0 is padding
 
 
 def _log(record):
@@ -27,36 +35,72 @@ def download_model(model, saving_directory=None):
     return f"/stand-in/{model}/checkpoints/model.ckpt"
 
 
+def bucket(word):
+    return 1 + zlib.crc32(word.encode()) % (BUCKETS - 1)
+
+
 def score(sample):
-    """The stand-in's score of one sample (the same rule the model computes)."""
+    """The stand-in's score of one sample (the rule the model computes), in plain Python."""
     mt, ref, src = sample["mt"].split(), sample["ref"].split(), sample["src"].split()
-    overlap = sum(w in mt for w in ref) / max(len(ref), 1)
+    in_mt = {bucket(w) for w in mt}
+    overlap = sum(bucket(w) in in_mt for w in ref) / max(len(ref), 1)
     return overlap / (1 + abs(len(mt) - len(src)) / 10)
+
+
+class _Encoder:
+    def prepare_sample(self, sample, word_level=False, annotations=None):
+        ids = [[bucket(w) for w in s.split()] or [0] for s in sample]
+        width = max(len(x) for x in ids)
+        input_ids = torch.tensor([x + [0] * (width - len(x)) for x in ids], dtype=torch.long)
+        return {"input_ids": input_ids, "attention_mask": (input_ids != 0).long()}
 
 
 class _Model(torch.nn.Module):
     def __init__(self, path):
         super().__init__()
         self.path = path
-        self.table = torch.nn.EmbeddingBag(64, 4, mode="sum")
-        torch.nn.init.ones_(self.table.weight)
+        self.encoder = _Encoder()
+        self.table = torch.nn.EmbeddingBag(BUCKETS, BUCKETS, mode="sum")
+        with torch.no_grad():
+            self.table.weight.copy_(torch.eye(BUCKETS))
 
-    def _count(self, words):
-        ids = torch.tensor([zlib.crc32(w.encode()) % 64 for w in words] or [0], dtype=torch.long)
-        return float(self.table(ids[None])[0, 0]) if words else 0.0  # = len(words): a real forward
+    def get_sentence_embedding(self, input_ids, attention_mask, token_type_ids=None):
+        _log({"call": "get_sentence_embedding", "n": int(input_ids.shape[0]), "grad": torch.is_grad_enabled()})
+        out = self.table(input_ids, per_sample_weights=attention_mask.to(self.table.weight.dtype))
+        out[:, 0] = 0.0
+        return out
+
+    def estimate(self, src_sentemb, mt_sentemb, ref_sentemb):
+        overlap = (ref_sentemb * (mt_sentemb > 0)).sum(-1) / ref_sentemb.sum(-1).clamp(min=1.0)
+        return {"score": overlap / (1 + (mt_sentemb.sum(-1) - src_sentemb.sum(-1)).abs() / 10)}
+
+    def _embed(self, texts):
+        batch = self.encoder.prepare_sample(texts)
+        return self.get_sentence_embedding(**batch)
 
     def predict(self, samples, batch_size=16, gpus=1, progress_bar=True, devices=None, **kwargs):
-        scores = []
-        for s in samples:
-            mt, ref, src = s["mt"].split(), s["ref"].split(), s["src"].split()
-            overlap = sum(w in mt for w in ref) / max(self._count(ref), 1)
-            scores.append(overlap / (1 + abs(self._count(mt) - self._count(src)) / 10))
+        with torch.no_grad():
+            out = self.estimate(*(self._embed([s[k] for s in samples]) for k in ("src", "mt", "ref")))
+        scores = [float(x) for x in out["score"]]
         _log({"call": "predict", "path": self.path, "n": len(samples), "batch_size": batch_size, "gpus": gpus,
               "devices": devices, "training": self.training, "grad": torch.is_grad_enabled(),
               "samples": samples, "scores": scores})
         return types.SimpleNamespace(scores=scores, system_score=sum(scores) / max(len(scores), 1))
 
 
+class _UnifiedModel(torch.nn.Module):
+    """Like COMET's unified models (XCOMET): ``predict`` only, no estimator over sentence
+    embeddings; the same scores as ``_Model``."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.inner = _Model(path)
+
+    def predict(self, *args, **kwargs):
+        return self.inner.predict(*args, **kwargs)
+
+
 def load_from_checkpoint(checkpoint_path, **kwargs):
+    """A path naming "xcomet" loads a model without an estimator (as COMET's unified models)."""
     _log({"call": "load_from_checkpoint", "path": checkpoint_path})
-    return _Model(checkpoint_path)
+    return (_UnifiedModel if "xcomet" in checkpoint_path else _Model)(checkpoint_path)
