@@ -91,7 +91,151 @@ def test_bad_input_is_one_line(tmp_path):
                           (["--mle", __file__, "--data", str(tmp_path / "nope"), "--method", "mrt"],
                            "no such data directory"),
                           (["--mle", __file__, "--data", str(tmp_path), "--method", "mrt", "--max-update", "0"],
-                           "--max-update must be >= 1, got 0")]:
+                           "--max-update must be >= 1, got 0"),
+                          (["--mle", __file__, "--data", str(tmp_path), "--method", "mle", "--task-loss", "chrf"],
+                           "--task-loss is an option of --method mrt, pg and mgs; --method mle has no task loss"),
+                          (["--mle", __file__, "--data", str(tmp_path), "--method", "mrt", "--gpus", "0"],
+                           "--gpus must be >= 1, got 0")]:
         proc = subprocess.run(["python", "-m", "fairseq_ext.finetune", *args], cwd=REPO, env=cli_env(),
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+# --- selection on validation BLEU, from a tiny transformer trained 60 updates on the toy pair ---
+TINY_MT = ["--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
+           "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+           "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-all-embeddings"]
+
+
+@pytest.fixture(scope="module")
+def start_model(toy_bin, tmp_path_factory):
+    """(data-bin, checkpoint) of a model half-way trained: validation BLEU well above 0 and
+    below what more cross-entropy reaches."""
+    save = tmp_path_factory.mktemp("finetune_start")
+    run_cli(["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", *TINY_MT, "--optimizer", "adam", "--lr", "0.005",
+             "--max-tokens", "2000", "--max-update", "60", "--save-dir", str(save), "--no-epoch-checkpoints",
+             "--num-workers", "0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+             "--seed", "1", "--disable-validation"])
+    return toy_bin, str(save / "checkpoint_last.pt")
+
+
+def finetune(start_model, save, *args, check=True):
+    data, mle = start_model
+    cmd = ["python", "-m", "fairseq_ext.finetune", "--mle", mle, "--data", data, "--save-dir", str(save), "--cpu",
+           *args, "--", "--num-workers", "0"]
+    if check:
+        return run_cli(cmd)
+    import subprocess
+
+    from conftest import cli_env
+    return subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+
+
+def valid_bleus(stdout):
+    """{update: BLEU} of fairseq-train's validation lines."""
+    import json
+    out = {}
+    for line in stdout.splitlines():
+        if '"valid_bleu"' in line:
+            stats = json.loads(line[line.index("{"):])
+            out[int(stats["valid_num_updates"])] = float(stats["valid_bleu"])
+    return out
+
+
+def same_weights(a, b):
+    sa, sb = (torch.load(p, map_location="cpu", weights_only=False)["model"] for p in (a, b))
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_a_harmful_finetune_ends_with_the_start_selected(start_model, tmp_path):
+    """Adam at lr 0.05 wrecks the model: every validation falls far below the start, so
+    checkpoint_best.pt is the start model itself and the last line says so."""
+    proc = finetune(start_model, tmp_path / "ft", "--method", "mle", "--lr", "0.05", "--max-update", "4",
+                    "--validate-every", "2")
+    import json
+    record = json.loads((tmp_path / "ft" / "selection.json").read_text())
+    bleus = valid_bleus(proc.stdout)
+    assert set(bleus) == {2, 4} and max(bleus.values()) < record["start"] - 10, (bleus, record)
+    assert record["selected"] == "start" and record["best"] == record["start"] and record["last"] == bleus[4]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"finetune: validation BLEU start {record['start']:.2f}, best {record['start']:.2f} at "
+                           f"update 0, last {bleus[4]:.2f} at update 4; no update beat the start"), last
+    assert same_weights(tmp_path / "ft" / "checkpoint_best.pt", start_model[1])
+
+
+def test_a_helpful_finetune_keeps_its_best_validation(start_model, tmp_path):
+    """More cross-entropy at a sane rate raises validation BLEU: checkpoint_best.pt is the
+    update with the highest validation BLEU that fairseq-train logged, not the start."""
+    proc = finetune(start_model, tmp_path / "ft", "--method", "mle", "--lr", "0.003", "--max-update", "12",
+                    "--validate-every", "4")
+    bleus = valid_bleus(proc.stdout)
+    assert set(bleus) == {4, 8, 12}, bleus
+    best = max(bleus, key=lambda u: (bleus[u], -u))
+    import json
+    record = json.loads((tmp_path / "ft" / "selection.json").read_text())
+    assert bleus[best] > record["start"] and record["best_update"] == best and record["best"] == bleus[best]
+    saved = torch.load(tmp_path / "ft" / "checkpoint_best.pt", map_location="cpu", weights_only=False)
+    assert saved["optimizer_history"][-1]["num_updates"] == best
+    assert f"checkpoint_best.pt is update {best}" in proc.stdout.strip().splitlines()[-1]
+
+
+def test_the_start_validation_is_fairseq_trains_and_sacrebleus(start_model, tmp_path):
+    """The start's BLEU (computed before fairseq-train runs) equals (a) fairseq-train's own
+    validation after one update at lr 1e-9 (the same model to 1e-9) and (b) sacrebleu's corpus
+    BLEU of fairseq-generate's beam-5 outputs of the validation set, decoded with the same
+    length limits, against its references."""
+    import sacrebleu
+    from conftest import parse_generate_output
+    proc = finetune(start_model, tmp_path / "ft", "--method", "mrt", "--lr", "1e-9", "--max-update", "1",
+                    "--validate-every", "1")
+    import json
+    start = json.loads((tmp_path / "ft" / "selection.json").read_text())["start"]
+    assert valid_bleus(proc.stdout) == {1: start}
+    assert '"valid_cost_mean"' in proc.stdout  # the task loss's own metric beside BLEU
+    data, mle = start_model
+    gen = run_cli(["fairseq-generate", data, "--user-dir", "fairseq_ext", "--path", mle, "--gen-subset", "valid", "--beam", "5", "--max-len-a", "1.2",
+                   "--max-len-b", "10", "--batch-size", "64", "--required-batch-size-multiple", "1"])
+    lines = parse_generate_output(gen.stdout)
+    hyps, refs = ({i: texts[0] for i, texts in lines[kind].items()} for kind in ("D", "T"))
+    assert len(hyps) == len(refs) == 40
+    order = sorted(hyps)
+    bleu = sacrebleu.corpus_bleu([hyps[i] for i in order], [[refs[i] for i in order]]).score
+    assert abs(bleu - start) < 0.01, (bleu, start)
+
+
+def test_a_collapsed_model_is_reported_and_the_start_kept(start_model, tmp_path):
+    """Adam at lr 0.5: every validation output is empty, fairseq's validation has no BLEU and
+    stops; finetune says so in one line, keeps the start, exits 1."""
+    proc = finetune(start_model, tmp_path / "ft", "--method", "mle", "--lr", "0.5", "--max-update", "4",
+                    "--validate-every", "2", check=False)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "every output was empty (the model collapsed" in proc.stdout
+    assert "no update beat the start: checkpoint_best.pt is the start model" in proc.stdout.strip().splitlines()[-1]
+    assert same_weights(tmp_path / "ft" / "checkpoint_best.pt", start_model[1])
+
+
+@pytest.mark.parametrize("gpus, freq, tokens", [(1, 4, 16384), (2, 2, 16384), (8, 1, 32768)])
+def test_dry_run_on_n_gpus_keeps_the_tokens_an_update(gpus, freq, tokens, start_model, tmp_path):
+    """--gpus N (or CUDA_VISIBLE_DEVICES) sets fairseq-train's world size and derives
+    --update-freq = round(16384 / (4096 x N)), at least 1; 8 GPUs hold 32k tokens an update."""
+    data, mle = start_model
+    args = ["python", "-m", "fairseq_ext.finetune", "--mle", mle, "--data", data, "--method", "mrt", "--dry-run"]
+    for how, env in [(["--gpus", str(gpus)], {}), ([], {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))})]:
+        out = run_cli(args + how, env=env).stdout.splitlines()
+        assert out[0] == (f"finetune: {gpus} GPU{'s' if gpus > 1 else ''}, --max-tokens 4096 x --update-freq {freq}: "
+                          f"about {tokens} tokens an update"), out[0]
+        assert f"--max-tokens 4096 --update-freq {freq} --max-update 2000" in out[1]
+        assert ("--distributed-world-size" in out[1]) == (gpus > 1)
+        if gpus > 1:
+            assert out[1].endswith(f"--distributed-world-size {gpus}"), out[1]
+
+
+def test_dry_run_on_the_cpu_takes_cpu_sized_defaults(start_model):
+    data, mle = start_model
+    out = run_cli(["python", "-m", "fairseq_ext.finetune", "--mle", mle, "--data", data, "--method", "mrt", "--cpu",
+                   "--dry-run"]).stdout.splitlines()
+    assert out[0] == "finetune: the CPU, --max-tokens 2048 x --update-freq 1: about 2048 tokens an update"
+    for words in ["--max-tokens 2048 --update-freq 1 --max-update 600", "--validate-interval-updates 60",
+                  "--best-checkpoint-metric bleu --maximize-best-checkpoint-metric", "--eval-bleu-detok space",
+                  "--keep-interval-updates 1", "--cpu"]:
+        assert words in out[1], (words, out[1])
