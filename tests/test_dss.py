@@ -507,6 +507,28 @@ def test_epoch_schedule_follows_the_formula_across_a_resume(conll, cache, tmp_pa
     assert [float(log["train_dss_alpha"]) for log in logs] == pytest.approx([1.0, 1.0, 3.0, 9.0, 27.0])
 
 
+def test_warmup_in_updates_and_the_unfed_warning_on_an_epoch_longer_than_the_run(toy_bin, tmp_path):
+    """An epoch of the toy pair at --max-tokens 20 is about 150 updates. With the default
+    warm-up (one epoch) a 105-update run feeds nothing: one warning line at update 100 names
+    --dss-warmup. Counted in updates (--dss-warmup 0 --dss-warmup-updates 3, eps 0 after it),
+    the first 3 updates are teacher-forced and every later one is mixed; no warning."""
+    data = [toy_bin, "--task", "translation", *tiny_models.TINY_ARCHS["transformer"], "--max-tokens", "20",
+            "--user-dir", os.path.join(REPO, "fairseq_ext"), *COMMON]
+    proc = run_cli(["fairseq-train", *data, "--max-update", "105", "--save-dir", str(tmp_path / "a")])
+    out = proc.stdout + proc.stderr
+    warnings = [line for line in out.splitlines() if "no position was fed the model's decisions" in line]
+    assert len(warnings) == 1, out[-3000:]
+    assert ("in the 100 updates since update 0: the run is plain cross-entropy so far (eps is 1: --dss-warmup 1 "
+            "epoch of teacher forcing, and the run is at epoch 1;") in warnings[0], warnings[0]
+    assert float(_train_logs(proc.stdout)[-1]["train_dss_fed"]) == 0.0
+    proc = run_cli(["fairseq-train", *data, "--max-update", "6", "--log-interval", "1", "--dss-warmup", "0",
+                    "--dss-warmup-updates", "3", "--dss-schedule", "always", "--save-dir", str(tmp_path / "b")])
+    inner = [json.loads(line[line.index("{"):]) for line in proc.stdout.splitlines() if "| train_inner |" in line]
+    assert [float(log["dss_eps"]) for log in inner] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    assert [float(log["dss_fed"]) > 0 for log in inner] == [False] * 3 + [True] * 3
+    assert "no position was fed" not in proc.stdout + proc.stderr
+
+
 def test_passes_gap_script_is_exact_at_the_limit_and_not_below(toy_bin, tmp_path):
     """scripts/inspect/dss_passes_gap.py (docs/dss.md, "When --dss-passes P is safe") on a
     briefly trained transformer: with P at least the target length the P-pass

@@ -19,6 +19,7 @@ When eps = 1 (the warm-up) or no position of a batch is model-fed, the step is
 an ordinary teacher-forced forward (the tests check that the sequential pass with
 eps = 1 gives the same loss). Validation is teacher-forced cross-entropy.
 """
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -40,6 +41,8 @@ from fairseq_ext.decoding.dss_passes import make_noise_fn, run_scheduled_samplin
 from fairseq_ext.decoding.paths import DecodingPathConfig
 from fairseq_ext.runtime.validation import as_options, check_options
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class DSSConfig(DecodingPathConfig):
@@ -59,8 +62,15 @@ class DSSConfig(DecodingPathConfig):
         default="epoch", metadata={"help": "t counts epochs completed or updates done"}
     )
     dss_warmup: float = field(
-        default=1.0, metadata={"help": "teacher forcing (eps = 1) for this many schedule units first",
+        default=1.0, metadata={"help": "teacher forcing (eps = 1) for this many schedule units first (epochs with "
+                                       "the default unit: the thesis's warm-up from scratch; on a corpus whose epoch "
+                                       "is longer than the run, the whole run); the decay's t counts from it",
                                "constraint": at_least(0)}
+    )
+    dss_warmup_updates: int = field(
+        default=0, metadata={"help": "teacher forcing (eps = 1) for the first N updates as well, counted in updates "
+                                     "whatever --dss-schedule-unit is (from a trained model: 0 with --dss-warmup 0)",
+                             "constraint": at_least(0)}
     )
     dss_decay_k: float = field(
         default=100.0, metadata={"help": "k: inverse sigmoid strength (>= 1, larger = gentler; the default is the "
@@ -97,7 +107,7 @@ class DSSConfig(DecodingPathConfig):
 @register_criterion("differentiable_scheduled_sampling", dataclass=DSSConfig)
 class DSSCriterion(FairseqCriterion):
     def __init__(self, task, dss_mode="soft-sample", dss_schedule="inverse_sigmoid", dss_schedule_unit="epoch",
-                 dss_warmup=1.0, dss_decay_k=100.0, dss_decay_slope=0.1, dss_min_eps=0.0, dss_alpha=1.0,
+                 dss_warmup=1.0, dss_warmup_updates=0, dss_decay_k=100.0, dss_decay_slope=0.1, dss_min_eps=0.0, dss_alpha=1.0,
                  dss_alpha_growth=1.0, dss_alpha_max=1e4, dss_passes=0, dss_compile="off", label_smoothing=0.0,
                  sentence_avg=False, decoding_path="static-cache"):
         super().__init__(task)
@@ -114,6 +124,9 @@ class DSSCriterion(FairseqCriterion):
         self.schedule = str(dss_schedule)
         self.unit = str(dss_schedule_unit)
         self.warmup = dss_warmup
+        self.warmup_updates = int(dss_warmup_updates)
+        self.unfed_since = None  # the update since which no position was model-fed, after the warm-up in updates
+        self.warned = False
         self.k, self.slope, self.min_eps = dss_decay_k, dss_decay_slope, dss_min_eps
         self.alpha0, self.alpha_growth, self.alpha_max = dss_alpha, dss_alpha_growth, dss_alpha_max
         self.passes = dss_passes
@@ -128,6 +141,8 @@ class DSSCriterion(FairseqCriterion):
         """(eps, alpha) at the clock's current epoch / update."""
         counter = self.clock.counter(self.unit)
         eps = teacher_forcing_prob(self.schedule, counter, self.warmup, self.k, self.slope, self.min_eps)
+        if self.clock.num_updates < self.warmup_updates:
+            eps = 1.0
         alpha = exponential_growth(self.alpha0, self.alpha_growth, counter - self.warmup, self.alpha_max)
         return eps, alpha
 
@@ -166,9 +181,37 @@ class DSSCriterion(FairseqCriterion):
             "sample_size": sample_size,
         }
         if model.training:
+            self.watch_feeding(fed is not None and bool(fed.any()), eps)
             logging_output.update(dss_eps=eps, dss_alpha=alpha, dss_steps=1,
                                   dss_model_fed=0 if fed is None else int(fed.sum()))
         return loss, sample_size, logging_output
+
+    UNFED_UPDATES = 100  # updates after the warm-up in updates with nothing model-fed before the warning
+
+    def watch_feeding(self, fed_any: bool, eps: float) -> None:
+        """Warn once, naming the option, when no position has been fed the model's decisions
+        for ``UNFED_UPDATES`` updates after ``--dss-warmup-updates``: the run is plain
+        cross-entropy (an epoch warm-up longer than the run, or a decay too gentle)."""
+        now = self.clock.num_updates
+        if fed_any or now < self.warmup_updates:
+            self.unfed_since = None
+            return
+        if self.unfed_since is None:
+            self.unfed_since = now
+        if self.warned or now - self.unfed_since < self.UNFED_UPDATES:
+            return
+        self.warned = True
+        if eps >= 1.0:
+            unit = f"{self.unit}s" if self.warmup != 1 else self.unit
+            cause = (f"eps is 1: --dss-warmup {self.warmup:g} {unit} of teacher forcing, and the run is at "
+                     f"{self.unit} {self.clock.counter(self.unit) + (self.unit == 'epoch'):g}; count the warm-up in "
+                     "updates (--dss-warmup 0 --dss-warmup-updates N), or 0 from a trained model")
+        else:
+            cause = (f"eps is {eps:.4f}, so close to 1 that no position was fed; lower --dss-decay-k or use "
+                     "--dss-schedule-unit update")
+        logger.warning(f"differentiable_scheduled_sampling: no position was fed the model's decisions in the "
+                       f"{now - self.unfed_since} updates since update {self.unfed_since}: the run is plain "
+                       f"cross-entropy so far ({cause})")
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
