@@ -273,3 +273,22 @@ def test_traceback_on_request(mistakes):
     assert result["rc"] == 1 and "Traceback" in result["stderr"]
     assert "size mismatch for decoder.embed_tokens.weight" in result["stderr"]  # the cause, chained
     assert result["stderr"].strip().splitlines()[-1].startswith("fairseq_ext.runtime.cli.ConfigError: ")
+
+
+def test_a_misspelled_plugin_option_is_one_line_with_the_closest_names(toy_bin, tmp_path):
+    """``--mrt-candiates``: one line, exit 2, the closest plugin options first; nothing written.
+    An unknown option without a plugin prefix keeps fairseq's usage and error."""
+    train = ["fairseq-train", toy_bin, "--user-dir", "fairseq_ext", "--arch", "transformer", "--optimizer", "adam",
+             "--lr", "0.1", "--max-tokens", "100", "--cpu"]
+    results = run_cli_batch([train + ["--criterion", "mrt", "--mrt-candiates", "4", "--save-dir", str(tmp_path / "a")],
+                             train + ["--criterion", "differentiable_scheduled_sampling", "--dss-warmpu-updates=3", "--save-dir", str(tmp_path / "b")],
+                             train + ["--bogus-option", "3", "--save-dir", str(tmp_path / "c")]], tmp_path)
+    first, second, plain = (r["stderr"].strip().splitlines() for r in results)
+    assert [r["rc"] for r in results] == [2, 2, 2]
+    assert first == ["fairseq-train: error: unrecognized option --mrt-candiates (did you mean --mrt-candidates or "
+                     "--mbr-candidates or --mgs-candidates?)"], first
+    assert second[-1].startswith("fairseq-train: error: unrecognized option --dss-warmpu-updates (did you mean "
+                                 "--dss-warmup-updates"), second
+    assert len(plain) > 20 and plain[0].startswith("usage: fairseq-train")
+    assert plain[-1] == "fairseq-train: error: unrecognized arguments: --bogus-option 3"
+    assert not any(os.path.exists(tmp_path / d) for d in "abc")

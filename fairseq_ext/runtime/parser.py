@@ -24,6 +24,32 @@ def _names_plugin_option(message: str) -> bool:
     return bool(m) and any(flag in plugin_flags() for flag in m.group(1).split("/"))
 
 
+def _plugin_prefixes() -> frozenset:
+    """The first words of the plugin's options (``--mrt-``, ``--dss-``, ...) that no fairseq
+    option starts with."""
+    return frozenset(f.split("-")[2] for f in plugin_flags() if f.startswith("--") and f.count("-") >= 3)
+
+
+def _misspelled_plugin_option(message: str) -> Optional[str]:
+    """For argparse's ``unrecognized arguments: ...`` naming an option with a plugin prefix
+    (``--mrt-candiates``): one line naming it and the closest plugin options; else None."""
+    if not message.startswith("unrecognized arguments: "):
+        return None
+    import difflib
+
+    prefixes = _plugin_prefixes()
+    unknown = [w.split("=")[0] for w in message.split()[2:]
+               if w.startswith("--") and w.count("-") >= 3 and w.split("-")[2] in prefixes]
+    if not unknown:
+        return None
+    parts = []
+    for flag in unknown:
+        close = difflib.get_close_matches(flag, sorted(plugin_flags()), n=3, cutoff=0.6)
+        parts.append(f"{flag}" + (f" (did you mean {' or '.join(close)}?)" if close else
+                                  f" (no {flag.split('-')[2]} option is close; --help lists them)"))
+    return "unrecognized option " + ", ".join(parts)
+
+
 def _fairseq_parser(parse_args_and_arch: Callable) -> Callable:
     @functools.wraps(parse_args_and_arch)
     def wrapper(parser: argparse.ArgumentParser, input_args: Optional[List[str]] = None, *args, **kwargs):
@@ -32,6 +58,9 @@ def _fairseq_parser(parse_args_and_arch: Callable) -> Callable:
         def error(message: str):
             if _names_plugin_option(message):
                 parser.exit(2, f"{parser.prog}: error: {message}\n")
+            misspelled = _misspelled_plugin_option(message)
+            if misspelled:
+                parser.exit(2, f"{parser.prog}: error: {misspelled}\n")
             usage_error(message)
 
         parser.error = error
