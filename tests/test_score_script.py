@@ -456,3 +456,29 @@ def test_task_loss_of_the_users_own_cost_reads_the_sources(tmp_path):
                               text=True, cwd=REPO, env=env)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
             f"score.py: error: {message}"), proc.stderr
+
+
+def test_compare_runs_scores_the_raw_references_with_ref_and_prints_only_its_table(tmp_path):
+    """fairseq-generate's T- lines are rebuilt from the binarized data (here: a double space
+    collapsed, a tab dropped); --ref scores the raw reference file instead, line i for sentence
+    id i. Without --ref the T- lines are scored. stdout holds the table only (no sacrebleu INFO)."""
+    import sacrebleu
+
+    from conftest import run_cli
+
+    raw = ["the cat  sat on the mat .", "a man is riding\ta bike", "two dogs play in the snow"]
+    t_lines = ["the cat sat on the mat .", "a man is ridinga bike", "two dogs play in the snow"]
+    hyps = {"a": ["the cat sat on the mat", "a man is riding a bike", "two dogs play"],
+            "b": ["the cat sat on the mat .", "a man rides a bike", "dogs play in the snow"]}
+    for name, h in hyps.items():
+        (tmp_path / f"{name}.out").write_text(_generate_output(h, t_lines))
+    (tmp_path / "ref.txt").write_text("\n".join(raw) + "\n")
+    for refs, extra in ((raw, ["--ref", str(tmp_path / "ref.txt")]), (t_lines, [])):
+        out = tmp_path / "cmp.json"
+        proc = run_cli(["python", "scripts/score/compare_runs.py", "--control", "a", f"a={tmp_path / 'a.out'}",
+                        f"b={tmp_path / 'b.out'}", "--bootstrap", "20", "--json", str(out), *extra])
+        res = json.loads(out.read_text())
+        for name, h in hyps.items():
+            assert res[name]["per_seed"][0]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(h, [refs]).score, abs=1e-9)
+        assert "INFO" not in proc.stdout
+    assert sacrebleu.corpus_bleu(hyps["b"], [raw]).score != sacrebleu.corpus_bleu(hyps["b"], [t_lines]).score

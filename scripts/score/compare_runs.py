@@ -66,7 +66,11 @@ def read_system(path: str, text: bool, refs: Optional[List[str]]) -> tuple[List[
             raise SystemExit(f"compare_runs: {path}: {len(hyps)} lines, --ref has {len(refs or [])}")
         return hyps, refs, hyps
     g = read_generate_file(path)  # PATH, or PATH.gz where PATH is absent
-    return g.hypotheses, g.references, g.raw
+    if refs is None:
+        return g.hypotheses, g.references, g.raw
+    if max(g.ids) >= len(refs):
+        raise SystemExit(f"compare_runs: {path}: sentence id {max(g.ids)}, --ref has {len(refs)} lines")
+    return g.hypotheses, [refs[i] for i in g.ids], g.raw
 
 
 def sentence_values(hyps: List[str], refs: List[str], raw: List[str],
@@ -176,7 +180,10 @@ def main(argv: Optional[List[str]] = None) -> None:
                         help=f"comma-separated, from {','.join(METRICS)}")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (sacrebleu's default 1000)")
     parser.add_argument("--text", action="store_true", help="files hold plain hypotheses (needs --ref)")
-    parser.add_argument("--ref", default=None, help="references, one a line (with --text)")
+    parser.add_argument("--ref", default=None,
+                        help="the raw references, one a line in the test set's order: required with --text; with "
+                             "fairseq-generate outputs, scored instead of their T- lines (which fairseq rebuilt from "
+                             "the binarized data: control characters dropped, spaces collapsed)")
     parser.add_argument("--max-len", type=int, default=None,
                         help="text completion: the decoding limit; adds the metric nonterm (hypotheses of this "
                              "many tokens did not end)")
@@ -184,6 +191,9 @@ def main(argv: Optional[List[str]] = None) -> None:
                         help="also a table of corpus BLEU's parts: brevity penalty, length ratio, n-gram precisions")
     parser.add_argument("--json", default=None, help="write the full result here")
     args = parser.parse_args(argv)
+    import logging
+
+    logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # its INFO lines are not the table's
     metrics = args.metrics.split(",")
     known = METRICS + (["nonterm"] if args.max_len is not None else [])
     bad = [m for m in metrics if m not in known]
