@@ -227,7 +227,7 @@ def test_reader_splits_continuations_and_variables():
         (8, ["fairseq-generate", "bin", "--path", "ck.pt", "--beam", "3"])]
     assert check(found[0]) == "" and check(found[1]) == ""
     assert check(Command("p", 1, ["fairseq-train", "bin", "--arch", "lstm", "--mgs-alpha", "1"])).endswith(
-        "unrecognized arguments: --mgs-alpha 1")  # the option of a criterion not chosen
+        "unrecognized option --mgs-alpha (an option of --criterion mgs, which this command does not select)")
     assert "is deprecated" in check(Command("p", 1, ["fairseq-train", "bin", "--task", "sequence_tagging",
                                                       "--arch", "tagging_lstm_tiny", "--tag-column", "ner"]))
     # the plugin is loaded the one documented way, which works from any directory

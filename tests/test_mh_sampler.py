@@ -144,6 +144,29 @@ def test_annealed_run_prints_each_chain_lowest_energy_state(toy_bin, cmlm, tmp_p
         assert rec["best_energy"][0] <= min(ep["e_raw"][0] for ep in rec["epochs"]) + 1e-4
 
 
+def test_with_best_output_the_lowest_energy_chain_is_printed_first(toy_bin, cmlm, tmp_path):
+    """--mh-output best with 4 chains from random states: each sentence's hypotheses come in
+    order of raw energy (recomputed from fairseq's decoder), so --nbest 1 (the translate
+    preset's output) prints the best of the chains, not chain 0; the first one's energy is the
+    lowest of the chains' best states in the statistics file."""
+    stats = tmp_path / "chains.jsonl"
+    out = generate(toy_bin, cmlm, "--mh-chains", "4", "--mh-init", "random", "--mh-proposal-temperature", "2",
+                   "--mh-burn-in", "0", "--mh-epochs", "1", "--mh-output", "best", "--nbest", "4",
+                   "--mh-stats-file", str(stats))
+    records = {r["id"]: r for r in map(json.loads, stats.read_text().splitlines())}
+    model, task = load_cmlm(cmlm)
+    by_id = {}
+    for h in lines(out, "H"):
+        by_id.setdefault(int(h[0][2:]), []).append(h[2])
+    not_chain_0 = 0
+    for sid in sorted(by_id)[:8]:
+        energies = [energies_of_printed(model, task, sid, text)[0] for text in by_id[sid]]
+        assert energies == sorted(energies) or all(b - a > -1e-3 for a, b in zip(energies, energies[1:])), energies
+        assert energies[0] == pytest.approx(min(records[sid]["best_energy"]), abs=1e-3)
+        not_chain_0 += min(records[sid]["best_energy"]) < records[sid]["best_energy"][0] - 1e-3
+    assert not_chain_0 > 0, "random starts: some sentence's best chain should not be chain 0"
+
+
 def test_gibbs_runs_and_mh_runs_are_reproducible(toy_bin, cmlm, tmp_path):
     stats = tmp_path / "gibbs.jsonl"
     generate(toy_bin, cmlm, "--mh-kernel", "gibbs", "--mh-block-size", "2", "--mh-burn-in", "0", "--mh-epochs", "2",

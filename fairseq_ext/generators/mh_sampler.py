@@ -134,6 +134,8 @@ class MHSampler:
         hypos = []
         for b in range(src_tokens.size(0)):
             rows = range(b * self.chains, (b + 1) * self.chains)
+            if self.output == "best":  # the best of the chains first: what --nbest 1 prints
+                rows = sorted(rows, key=lambda r: float(energy[r]))
             hypos.append([self.hypothesis(printed[r], local_terms[r], energy[r]) for r in rows])
         if self.stats_file:
             self.write_stats(sample, result)

@@ -84,7 +84,7 @@ class TranslationMHConfig(TranslationLevenshteinConfig):
     mh_output: ChoiceEnum(list(OUTPUTS)) = field(
         default="final", metadata={"help": "hypothesis printed per chain: final = the chain's last state (a "
                                            "sample), best = the lowest-energy state it visited (under annealing: "
-                                           "its estimate of the mode)",
+                                           "its estimate of the mode), the chains printed lowest energy first",
                                    "parameter": (MHSampler, "output")})
     mh_init: ChoiceEnum(list(INITS)) = field(
         default="greedy", metadata={"help": "initial state: greedy = argmax of one pass over the all-masked "
