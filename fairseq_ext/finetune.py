@@ -17,7 +17,7 @@ cross-entropy. Each uses the plugin's defaults (the recommended settings) plus, 
 docs/soft_beam.md).
 
 Selection: the start model is validated first (update 0), then fairseq-train validates every
-``--validate-every`` updates (default: a tenth of the run) with detokenized BLEU (fairseq's
+``--validate-every`` updates (default: a fifth of the run) with detokenized BLEU (fairseq's
 ``--eval-bleu``, beam ``--valid-beam``, the data's subword removal and detokenizer) and keeps
 the best in ``checkpoint_best.pt``. If no validation beats the start, ``checkpoint_best.pt`` is
 the start model. The run ends with one line, ``start X, best Y at update N, last Z``, and
@@ -337,7 +337,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--max-update", type=int, default=None, help="updates (default 2000; 600 with --cpu)")
     p.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default 3e-4; soft_beam 1e-4)")
     p.add_argument("--validate-every", "--save-interval-updates", dest="validate_every", type=int, default=None,
-                   help="validate (detokenized BLEU) and save every N updates (default: max-update / 10)")
+                   help="validate (detokenized BLEU) and save every N updates (default: max-update / 5)")
     p.add_argument("--valid-beam", type=int, default=5, help="beam size of the validation BLEU (default 5)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--cpu", action="store_true", help="train on the CPU (and take the CPU-sized defaults)")
@@ -348,7 +348,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
             setattr(a, name, value)
     a.gpus = 1 if a.cpu else (a.gpus if a.gpus is not None else max(visible_gpus(), 1))
     if a.validate_every is None:
-        a.validate_every = max(1, a.max_update // 10)
+        a.validate_every = max(1, a.max_update // 5)
     for name in ("max_tokens", "tokens_per_update", "update_freq", "gpus", "max_update", "validate_every",
                  "valid_beam"):
         if getattr(a, name) is not None and getattr(a, name) < 1:

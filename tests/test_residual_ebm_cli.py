@@ -456,3 +456,71 @@ def test_residual_table_gain_and_accuracy_by_hand(tmp_path):
     assert "[92.000 +- 2.828, 94.000 +- 2.828]" in row
     assert "+2.000 +- 0.577 (+3.5)" in row
     assert "0.610 (2 of 3)" in row
+
+
+def test_rerank_residual_orders_by_lm_log_prob_minus_energy(toy_lm_bin, base_lm, trained_bit, tmp_path):
+    """python -m fairseq_ext.rerank_residual on a user's candidates (JSONL, and the same as
+    fairseq-generate H- lines): each candidate's lm_log_prob is the base LM's full forward
+    (fairseq_lm_log_prob, not joint_sampler's scorer), its energy the energy model's on the
+    prefix + candidate alone, score their difference, candidates best first; a candidate of
+    another length than the trained one is scored with a warning."""
+    from fairseq import checkpoint_utils
+
+    save, _ = trained_bit
+    ebm = os.path.join(save, "checkpoint_best.pt")
+    task, _ = setup(toy_lm_bin, "--residual-base-lm", base_lm)
+    d, lm = task.dictionary, task.base_lm
+    blocks = task.load_blocks("valid")[:6]
+    text = lambda t: " ".join(d[int(i)] for i in t)  # noqa: E731
+    prompts = [{"id": i, "prefix": text(blocks[i, :P]),
+                "candidates": [text(blocks[j, P:]) for j in (i, i + 1, i + 2)] + [text(blocks[i, P:P + L - 1])]}
+               for i in range(3)]
+    (tmp_path / "cands.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    (tmp_path / "nbest.out").write_text("".join(f"S-{p['id']}\t{p['prefix']}\n" + "".join(
+        f"H-{p['id']}\t-1.0\t{p['prefix']} {c}\n" for c in p["candidates"]) for p in prompts))
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [ebm], arg_overrides={"data": toy_lm_bin, "residual_base_lm": base_lm})
+    energy_model = models[0].eval()
+    outputs = []
+    for name in ("cands.jsonl", "nbest.out"):
+        proc = run_cli(["python", "-m", "fairseq_ext.rerank_residual", "--energy", ebm, "--base-lm", base_lm,
+                        "--data", toy_lm_bin, "--candidates", str(tmp_path / name), "--output",
+                        str(tmp_path / f"{name}.reranked")])
+        assert proc.stdout.strip().startswith("rerank_residual: 3 prompts, 12 candidates;"), proc.stdout
+        assert "3 candidates are not 4 tokens long" in proc.stderr
+        outputs.append([json.loads(line) for line in (tmp_path / f"{name}.reranked").read_text().splitlines()])
+    assert outputs[0] == outputs[1]
+    for prompt, got in zip(prompts, outputs[0]):
+        assert got["id"] == prompt["id"] and got["prefix"] == prompt["prefix"]
+        assert sorted(c["text"] for c in got["candidates"]) == sorted(prompt["candidates"])
+        for c in got["candidates"]:
+            seq = d.encode_line(prompt["prefix"] + " " + c["text"], add_if_not_exist=False, append_eos=False).long()
+            lp = float(fairseq_lm_log_prob(lm, seq[None], P).sum())
+            with torch.no_grad():
+                energy = float(energy_model(seq[None]))
+            assert c["lm_log_prob"] == pytest.approx(lp, abs=1e-4)
+            assert c["energy"] == pytest.approx(energy, abs=1e-4)
+            assert c["score"] == pytest.approx(lp - energy, abs=1e-4)
+        scores = [c["score"] for c in got["candidates"]]
+        assert scores == sorted(scores, reverse=True)
+
+
+def test_rerank_residual_bad_input_is_one_line(toy_lm_bin, base_lm, trained_bit, tmp_path):
+    import subprocess
+
+    from conftest import REPO, cli_env
+
+    save, _ = trained_bit
+    ebm = os.path.join(save, "checkpoint_best.pt")
+    (tmp_path / "bad.jsonl").write_text('{"prefix": "a b"}\n')
+    base = ["python", "-m", "fairseq_ext.rerank_residual", "--base-lm", base_lm, "--data", toy_lm_bin,
+            "--output", str(tmp_path / "out.jsonl")]
+    for args, message in [(["--energy", "nope.pt", "--candidates", str(tmp_path / "bad.jsonl")],
+                           "--energy nope.pt: no such file"),
+                          (["--energy", ebm, "--candidates", str(tmp_path / "bad.jsonl")],
+                           "line 1 has no 'prefix' or no 'candidates'"),
+                          (["--energy", base_lm, "--candidates", str(tmp_path / "bad.jsonl")],
+                           "not a residual EBM")]:
+        proc = subprocess.run(base + args, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
+        assert not (tmp_path / "out.jsonl").exists()

@@ -482,3 +482,39 @@ def test_compare_runs_scores_the_raw_references_with_ref_and_prints_only_its_tab
             assert res[name]["per_seed"][0]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(h, [refs]).score, abs=1e-9)
         assert "INFO" not in proc.stdout
     assert sacrebleu.corpus_bleu(hyps["b"], [raw]).score != sacrebleu.corpus_bleu(hyps["b"], [t_lines]).score
+
+
+def test_selection_table_reads_the_kept_records(tmp_path):
+    """scripts/report/selection_table.py: the validation columns are the selection.json records
+    as written by fairseq_ext.finetune, the test columns compare_runs.py's numbers (sacrebleu's
+    corpus BLEU of the written outputs), the control first, the start last."""
+    import sacrebleu
+
+    from conftest import run_cli
+
+    refs = ["the cat sat on the mat .", "a man is riding a bike", "two dogs play in the snow", "she reads a book"]
+    hyps = {"mle_lr3e-4": ["the cat sat on a mat", "a man rides a bike", "two dogs play in snow", "she reads"],
+            "mrt_lr1e-4": ["the cat sat on the mat .", "a man is riding a bike", "dogs play", "she reads a book"],
+            "start": ["a cat", "a man is riding", "two dogs play in the snow", "she reads a book ."]}
+    for name, h in hyps.items():
+        (tmp_path / f"{name}.out").write_text(_generate_output(h, refs))
+    results = tmp_path / "results"
+    results.mkdir()
+    run_cli(["python", "scripts/score/compare_runs.py", "--control", "mle_lr3e-4",
+             *[f"{n}={tmp_path / n}.out" for n in hyps], "--bootstrap", "20", "--json",
+             str(results / "compare.test.json")])
+    records = {"mle_lr3e-4": {"start": 36.63, "best": 37.29, "best_update": 90, "last": 37.0, "last_update": 300,
+                              "selected": "update 90"},
+               "mrt_lr1e-4": {"start": 36.63, "best": 36.63, "best_update": 0, "last": 35.1, "last_update": 300,
+                              "selected": "start"}}
+    for name, r in records.items():
+        (results / f"{name}.s1.selection.json").write_text(json.dumps(r))
+    out = run_cli(["python", "scripts/report/selection_table.py", str(results)]).stdout.splitlines()
+    bleu = {n: sacrebleu.corpus_bleu(h, [refs]).score for n, h in hyps.items()}
+    assert out[0].startswith("| run | seeds | valid BLEU: start | best (update) | last | checkpoint_best.pt |")
+    assert out[2].startswith(f"| mle, lr 3e-4 | 1 | 36.63 | 37.29 (90) | 37.00 | update 90 | {bleu['mle_lr3e-4']:.2f} "
+                             "(control) |"), out[2]
+    diff = bleu["mrt_lr1e-4"] - bleu["mle_lr3e-4"]
+    assert out[3].startswith(f"| mrt, lr 1e-4 | 1 | 36.63 | 36.63 (0) | 35.10 | start | {bleu['mrt_lr1e-4']:.2f} "
+                             f"({diff:+.2f}, p "), out[3]
+    assert out[4].startswith(f"| start (MLE, best validation loss) |") and f"{bleu['start']:.2f}" in out[4]
