@@ -30,6 +30,11 @@ The GPUs are those fairseq-train will use (``CUDA_VISIBLE_DEVICES``, else every 
 600 updates).
 
 Everything after ``--`` goes to fairseq-train as it is (``-- --mrt-candidates 4``).
+
+Your own fine-tuning command, selected the same way: ``python -m fairseq_ext.finetune fairseq-train
+DATA ... --finetune-from-model START.pt --eval-bleu ... --best-checkpoint-metric bleu
+--maximize-best-checkpoint-metric --validate-interval-updates N --save-interval-updates N`` validates
+START first under the command's own validation, runs it, and selects as above.
 """
 import argparse
 import json
@@ -366,18 +371,52 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     return a
 
 
+def _option_value(command: Sequence[str], flag: str, default: Optional[str] = None) -> Optional[str]:
+    for i, word in enumerate(command):
+        if word == flag and i + 1 < len(command):
+            return command[i + 1]
+        if word.startswith(flag + "="):
+            return word.split("=", 1)[1]
+    return default
+
+
+def wrapped(command: List[str]) -> argparse.Namespace:
+    """``python -m fairseq_ext.finetune fairseq-train ...``: a fine-tuning command of your own,
+    selected the same way; it must start from ``--finetune-from-model`` and validate on BLEU."""
+    def error(message: str):
+        print(f"python -m fairseq_ext.finetune: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+    start = _option_value(command, "--finetune-from-model")
+    if start is None:
+        error("the fairseq-train command needs --finetune-from-model START.pt (the model the selection compares with)")
+    if not os.path.isfile(start):
+        error(f"--finetune-from-model {start}: no such checkpoint file")
+    missing = [f for f in ("--eval-bleu", "--maximize-best-checkpoint-metric") if f not in command]
+    if _option_value(command, "--best-checkpoint-metric") != "bleu":
+        missing.insert(1, "--best-checkpoint-metric bleu")
+    if missing:
+        error("the fairseq-train command must validate on BLEU and keep its best: add " + " ".join(missing)
+              + " (with the data's --eval-bleu-remove-bpe and --eval-bleu-detok)")
+    return argparse.Namespace(mle=start, save_dir=_option_value(command, "--save-dir", "checkpoints"),
+                              dry_run=False)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    a = parse(argv[:argv.index("--")] if "--" in argv else argv)
-    try:
-        command = build_command(a, extra)
-    except ValueError as err:
-        a.error(str(err))
-    workers = "the CPU" if a.cpu else f"{a.gpus} GPU{'s' if a.gpus > 1 else ''}"
-    print(f"finetune: {workers}, --max-tokens {a.max_tokens} x --update-freq {a.update_freq}: about "
-          f"{a.max_tokens * a.update_freq * a.gpus} tokens an update", flush=True)
-    print(" ".join(shlex.quote(w) for w in command), flush=True)
+    if argv[:1] == ["fairseq-train"]:
+        a, command, extra = wrapped(argv), argv, argv
+    else:
+        extra = argv[argv.index("--") + 1:] if "--" in argv else []
+        a = parse(argv[:argv.index("--")] if "--" in argv else argv)
+        try:
+            command = build_command(a, extra)
+        except ValueError as err:
+            a.error(str(err))
+        workers = "the CPU" if a.cpu else f"{a.gpus} GPU{'s' if a.gpus > 1 else ''}"
+        print(f"finetune: {workers}, --max-tokens {a.max_tokens} x --update-freq {a.update_freq}: about "
+              f"{a.max_tokens * a.update_freq * a.gpus} tokens an update", flush=True)
+        print(" ".join(shlex.quote(w) for w in command), flush=True)
     if a.dry_run:
         return
     if "--disable-validation" in extra:

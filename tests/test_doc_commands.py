@@ -202,6 +202,8 @@ def check(command: Command) -> str:
                     return f"python -m fairseq_ext.options: exit {e.code}"
             return ""
         module = command.words[2]
+        if module == "fairseq_ext.finetune" and command.words[3:4] == ["fairseq-train"]:  # a wrapped command
+            return _parse(command._replace(words=command.words[3:]))
         path = os.path.join(REPO, *module.split("."))
         return "" if os.path.isfile(path + ".py") or os.path.isdir(path) else f"no such module {module}"
     script = command.words[1]

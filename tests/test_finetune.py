@@ -239,3 +239,33 @@ def test_dry_run_on_the_cpu_takes_cpu_sized_defaults(start_model):
                   "--best-checkpoint-metric bleu --maximize-best-checkpoint-metric", "--eval-bleu-detok space",
                   "--keep-interval-updates 1", "--cpu"]:
         assert words in out[1], (words, out[1])
+
+
+def test_a_fairseq_train_command_of_ones_own_is_selected_the_same_way(start_model, tmp_path):
+    """python -m fairseq_ext.finetune fairseq-train ...: the start validated under the command's
+    own validation first, then the run, then the same selection and closing line; a command that
+    does not validate on BLEU is refused in one line before any work."""
+    import subprocess
+
+    from conftest import cli_env
+    data, mle = start_model
+    train = ["python", "-m", "fairseq_ext.finetune", "fairseq-train", data, "--user-dir", "fairseq_ext", *TINY_MT,
+             "--finetune-from-model", mle, "--criterion", "label_smoothed_cross_entropy", "--optimizer", "adam",
+             "--lr", "0.05", "--max-tokens", "2048", "--max-update", "4", "--cpu", "--num-workers", "0",
+             "--save-dir", str(tmp_path / "own"), "--log-format", "json"]
+    bleu = ["--eval-bleu", "--eval-bleu-args", '{"beam": 5, "max_len_a": 1.2, "max_len_b": 10}',
+            "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric", "--validate-interval-updates", "2",
+            "--save-interval-updates", "2"]
+    proc = subprocess.run(train, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        "python -m fairseq_ext.finetune: error: the fairseq-train command must validate on BLEU and keep its best: add "
+        "--eval-bleu --best-checkpoint-metric bleu --maximize-best-checkpoint-metric (with the data's "
+        "--eval-bleu-remove-bpe and --eval-bleu-detok)"), proc.stderr[-2000:]
+    assert not (tmp_path / "own").exists()
+    out = run_cli(train + bleu).stdout
+    import json
+    record = json.loads((tmp_path / "own" / "selection.json").read_text())
+    bleus = valid_bleus(out)
+    assert set(bleus) == {2, 4} and record["selected"] == "start" and max(bleus.values()) < record["start"]
+    assert "no update beat the start: checkpoint_best.pt is the start model" in out.strip().splitlines()[-1]
+    assert same_weights(tmp_path / "own" / "checkpoint_best.pt", mle)
