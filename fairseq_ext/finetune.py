@@ -295,8 +295,8 @@ def summary_line(r: dict) -> str:
     line += ("no update beat the start: checkpoint_best.pt is the start model" if r["selected"] == "start"
              else f"checkpoint_best.pt is update {r['best_update']}")
     if r.get("run_seconds"):
-        share = r["validations"] * r["start_validation_seconds"] / (r["run_seconds"] + r["start_validation_seconds"])
-        line += f" (validation about {share:.0%} of the time)"
+        spent = r["validation_seconds"] + r["start_validation_seconds"]
+        line += f" (validation {spent / (r['run_seconds'] + r['start_validation_seconds']):.0%} of the time)"
     return line
 
 
@@ -305,14 +305,19 @@ COLLAPSED = "KeyError: 'bleu'"  # fairseq's validation logs no BLEU when every h
 
 def run(command: Sequence[str]) -> tuple:
     """Run fairseq-train, echoing its output; (return code, validations it logged, whether its
-    validation failed on a collapsed model)."""
+    validation failed on a collapsed model, seconds its validations took)."""
     proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    validations, collapsed = 0, False
+    validations, collapsed, seconds, began = 0, False, 0.0, None
     for line in proc.stdout:
         sys.stdout.write(line)
-        validations += '"valid_bleu"' in line
+        if "begin validation on" in line and "dry-run" not in line:
+            began = time.time()
+        elif '"valid_bleu"' in line or "| valid |" in line and "bleu" in line:
+            validations += 1
+            seconds += time.time() - began if began is not None else 0.0
+            began = None
         collapsed = collapsed or COLLAPSED in line
-    return proc.wait(), validations, collapsed
+    return proc.wait(), validations, collapsed, seconds
 
 
 SIZES = {False: dict(max_tokens=4096, tokens_per_update=16384, max_update=2000),  # one or more GPUs
@@ -437,14 +442,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                        "start_validation_seconds": start_seconds}, f)
     print(f"finetune: validation BLEU of the start model {start:.2f} ({start_seconds:.0f} s)", flush=True)
     began = time.time()
-    code, validations, collapsed = run(command)
+    code, validations, collapsed, valid_seconds = run(command)
     if code != 0 and not collapsed:
         raise SystemExit(code)
     if collapsed:
         print("finetune: the run stopped at a validation where every output was empty (the model collapsed, and "
               "fairseq logs no BLEU then): lower --lr; selecting among the validations before it", flush=True)
     record = select(a.save_dir, start, a.mle, {"start_validation_seconds": start_seconds,
-                                               "run_seconds": time.time() - began, "validations": validations})
+                                               "run_seconds": time.time() - began, "validations": validations,
+                                               "validation_seconds": valid_seconds})
     print(summary_line(record), flush=True)
     if collapsed:
         raise SystemExit(1)
