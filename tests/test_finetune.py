@@ -74,9 +74,9 @@ def test_finetune_runs_every_method(method, checkpoints, tmp_path):
     proc = run_cli(["python", "-m", "fairseq_ext.finetune", "--mle", mle, "--data", data, "--method", method,
                     "--save-dir", str(save), *SMALL], cwd=str(tmp_path))
     assert os.path.isfile(save / "checkpoint_last.pt"), (proc.stdout + proc.stderr)[-3000:]
-    command = proc.stdout.splitlines()[0]
+    command = next(line for line in proc.stdout.splitlines() if line.startswith("fairseq-train "))
     expected = {"pg": "--criterion pg", "mgs": "--criterion mgs", "dss": "--criterion differentiable_scheduled_sampling "
-                "--dss-passes 2", "soft_beam": "--criterion soft_beam_direct_loss --lr 0.0001",
+                "--dss-warmup 0 --dss-warmup-updates 0 --dss-passes 2", "soft_beam": "--criterion soft_beam_direct_loss --lr 0.0001",
                 "mle": "--criterion label_smoothed_cross_entropy"}[method]
     assert expected in command, command
 
