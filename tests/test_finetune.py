@@ -235,7 +235,8 @@ def test_dry_run_on_the_cpu_takes_cpu_sized_defaults(start_model):
     out = run_cli(["python", "-m", "fairseq_ext.finetune", "--mle", mle, "--data", data, "--method", "mrt", "--cpu",
                    "--dry-run"]).stdout.splitlines()
     assert out[0] == "finetune: the CPU, --max-tokens 2048 x --update-freq 1: about 2048 tokens an update"
-    for words in ["--max-tokens 2048 --update-freq 1 --max-update 600", "--validate-interval-updates 120",
+    for words in ["--criterion mrt --mrt-task-loss sbleu --lr 0.0001",
+                  "--max-tokens 2048 --update-freq 1 --max-update 600", "--validate-interval-updates 120",
                   "--best-checkpoint-metric bleu --maximize-best-checkpoint-metric", "--eval-bleu-detok space",
                   "--keep-interval-updates 1", "--cpu"]:
         assert words in out[1], (words, out[1])

@@ -66,7 +66,7 @@ for seed in $SEEDS; do
   for label in $names; do cp "$WORK/sel/$label.s$seed/selection.json" "$RESULTS/$label.s$seed.selection.json"; done
 done
 {
-  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%d), $(nproc) cores," \
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%d), $(nproc --all) cores," \
     "OMP_NUM_THREADS=1, JOBS=$JOBS"
   echo "RUNS=\"$RUNS\" SEEDS=\"$SEEDS\" UPDATES=$UPDATES VALIDATE_EVERY=$VALIDATE_EVERY bash examples/mgs/selection.sh WORK"
 } > "$RESULTS/command.txt"
