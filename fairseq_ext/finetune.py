@@ -413,7 +413,7 @@ def wrapped(command: List[str]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["fairseq-train"]:
-        a, command, extra = wrapped(argv), argv, argv
+        a, command = wrapped(argv), argv
     else:
         extra = argv[argv.index("--") + 1:] if "--" in argv else []
         a = parse(argv[:argv.index("--")] if "--" in argv else argv)
@@ -427,7 +427,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         print(" ".join(shlex.quote(w) for w in command), flush=True)
     if a.dry_run:
         return
-    if "--disable-validation" in extra:
+    if "--disable-validation" in command:
         print("finetune: --disable-validation: no validation, no selection (checkpoint_last.pt is the result)",
               flush=True)
         raise SystemExit(subprocess.call(command))

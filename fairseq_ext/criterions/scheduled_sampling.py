@@ -203,8 +203,9 @@ class DSSCriterion(FairseqCriterion):
         self.warned = True
         if eps >= 1.0:
             unit = f"{self.unit}s" if self.warmup != 1 else self.unit
+            at = self.clock.epoch if self.unit == "epoch" else self.clock.num_updates
             cause = (f"eps is 1: --dss-warmup {self.warmup:g} {unit} of teacher forcing, and the run is at "
-                     f"{self.unit} {self.clock.counter(self.unit) + (self.unit == 'epoch'):g}; count the warm-up in "
+                     f"{self.unit} {at}; count the warm-up in "
                      "updates (--dss-warmup 0 --dss-warmup-updates N), or 0 from a trained model")
         else:
             cause = (f"eps is {eps:.4f}, so close to 1 that no position was fed; lower --dss-decay-k or use "

@@ -4,7 +4,7 @@ each adds to fairseq's parser, with its default, declared rule and help: what
 as a plugin option."""
 import argparse
 import functools
-from typing import FrozenSet, List, NamedTuple, Optional, Sequence
+from typing import Dict, FrozenSet, List, NamedTuple, Optional, Sequence
 
 PLUGIN = "fairseq_ext"
 
@@ -66,6 +66,13 @@ def component_options(component: Component) -> List[Option]:
 
 
 @functools.lru_cache(maxsize=1)
+def flag_owners() -> Dict[str, Component]:
+    """Every option string a plugin component adds (``--mgs-alpha``, ``--completion-context-size``, ...),
+    with the component that adds it."""
+    return {f: c for c in plugin_components() for o in component_options(c) for f in o.flags}
+
+
+@functools.lru_cache(maxsize=1)
 def plugin_flags() -> FrozenSet[str]:
-    """Every option string a plugin component adds (``--mgs-alpha``, ``--completion-context-size``, ...)."""
-    return frozenset(f for c in plugin_components() for o in component_options(c) for f in o.flags)
+    """Every option string a plugin component adds."""
+    return frozenset(flag_owners())

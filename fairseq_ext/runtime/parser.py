@@ -10,7 +10,7 @@ import re
 import sys
 from typing import Callable, List, Optional
 
-from fairseq_ext.runtime.components import plugin_flags
+from fairseq_ext.runtime.components import flag_owners, plugin_flags
 from fairseq_ext.runtime.renamed import rewrite_argv
 from fairseq_ext.runtime.validation import check_parsed
 
@@ -42,9 +42,7 @@ def _misspelled_plugin_option(message: str) -> Optional[str]:
                if w.startswith("--") and w.count("-") >= 3 and w.split("-")[2] in prefixes]
     if not unknown:
         return None
-    from fairseq_ext.runtime.components import component_options, plugin_components
-
-    owners = {f: c for c in plugin_components() for o in component_options(c) for f in o.flags}
+    owners = flag_owners()
     parts = []
     for flag in unknown:
         if flag in owners:  # a real option of a component the command does not select
@@ -53,7 +51,7 @@ def _misspelled_plugin_option(message: str) -> Optional[str]:
                          f"{owner.name if owner.kind != 'model' else '/'.join(owner.archs[:2])}, which this "
                          "command does not select)")
             continue
-        close = difflib.get_close_matches(flag, sorted(plugin_flags()), n=3, cutoff=0.6)
+        close = difflib.get_close_matches(flag, sorted(owners), n=3, cutoff=0.6)
         parts.append(f"{flag}" + (f" (did you mean {' or '.join(close)}?)" if close else
                                   f" (no {flag.split('-')[2]} option is close; --help lists them)"))
     return "unrecognized option " + ", ".join(parts)
