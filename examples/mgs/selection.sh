@@ -63,7 +63,9 @@ specs+=("start=$(for seed in $SEEDS; do printf '%s,' "$WORK/sel/start.test.out";
 "$PYTHON" scripts/score/compare_runs.py --control mle_lr3e-4 "${specs[@]}" --ref "$FAIRSEQ_EXT_DATA/multi30k/test.en" \
   --json "$RESULTS/compare.test.json" | tee "$RESULTS/compare.test.md"
 for seed in $SEEDS; do
-  for label in $names; do cp "$WORK/sel/$label.s$seed/selection.json" "$RESULTS/$label.s$seed.selection.json"; done
+  for label in $names; do  # the work directory's path becomes WORK, as in command.txt
+    sed "s|$(cd "$WORK" && pwd)/|WORK/|g" "$WORK/sel/$label.s$seed/selection.json" > "$RESULTS/$label.s$seed.selection.json"
+  done
 done
 {
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%d), $(nproc --all) cores," \
