@@ -9,7 +9,7 @@ concurrent runs, carries criterion state through checkpoints, fixes ``--amp``'s 
 scaling (one unscale; ``--amp-init-scale`` / ``--amp-scale-window`` honoured),
 names a missing data directory or split and a checkpoint that does not load in one
 line, refuses a checkpoint trained with other dictionaries (``fairseq_ext.runtime.dictionaries``), and lets fairseq's batch threads finish before the process exits (see
-``fairseq_ext.runtime.compat``), and makes a bad plugin option end a command with one line
+``fairseq_ext.runtime.checkpoints``), and makes a bad plugin option end a command with one line
 (``fairseq_ext.runtime.validation``) and ``--help`` list the chosen components' options
 (see ``fairseq_ext.runtime.cli``).
 """
@@ -18,7 +18,7 @@ from fairseq_ext.runtime import support
 support.check_or_exit()
 
 from fairseq_ext.runtime import cli, dictionaries, parser  # noqa: E402
-from fairseq_ext.runtime.compat import (  # noqa: E402
+from fairseq_ext.runtime.checkpoints import (  # noqa: E402
     patch_amp_loss_scaler,
     patch_checkpoint_copies,
     patch_checkpoint_errors,

@@ -1,4 +1,4 @@
-"""--amp's loss scaling (fairseq_ext.runtime.compat.patch_amp_loss_scaler), checked on the CPU with a
+"""--amp's loss scaling (fairseq_ext.runtime.checkpoints.patch_amp_loss_scaler), checked on the CPU with a
 CPU GradScaler in place of CUDA's: the update is the optimizer's step on the gradient (hand-
 computed SGD step), and the scaler starts at --amp-init-scale and grows after
 --amp-scale-window updates. fairseq 0.12's own AMPOptimizer is the control: it divides the
@@ -78,7 +78,7 @@ def test_amp_update_unscales_the_gradient_once(monkeypatch):
 
 def test_amp_fix_can_be_turned_off(monkeypatch):
     """FAIRSEQ_EXT_AMP_FIX=0 leaves fairseq's AMPOptimizer as it is (to repeat an old run)."""
-    from fairseq_ext.runtime import compat
+    from fairseq_ext.runtime import checkpoints as compat
 
     for value, patched in (("0", False), ("1", True)):
         fresh = type("AMPOptimizer", (), {"__init__": FAIRSEQ_INIT, "clip_grad_norm": FAIRSEQ_CLIP})

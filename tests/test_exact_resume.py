@@ -1,4 +1,4 @@
-"""fairseq_ext.runtime.compat.patch_resume_batches (on by default): a run stopped after epoch 2 and
+"""fairseq_ext.runtime.checkpoints.patch_resume_batches (on by default): a run stopped after epoch 2 and
 resumed is the same model as the run trained straight through; with
 FAIRSEQ_EXT_EXACT_RESUME=0, fairseq's own resume cuts other batches and the models differ
 (the control: the test fails if the patch does nothing, and says so if fairseq itself

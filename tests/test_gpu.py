@@ -66,7 +66,7 @@ def test_translation_search_decodes_in_fp16(toy_bin, tmp_path):
 
 def test_amp_update_is_the_float32_update(toy_bin, tmp_path):
     """fairseq 0.12's --amp made every update the optimizer's step on gradient / loss scale
-    (the gradient unscaled twice; fixed by fairseq_ext.runtime.compat.patch_amp_loss_scaler). With
+    (the gradient unscaled twice; fixed by fairseq_ext.runtime.checkpoints.patch_amp_loss_scaler). With
     SGD without momentum the step is lr x gradient: an --amp step must be the float32 step up
     to half precision's rounding, not 1/128 of it (the default initial scale)."""
     sgd = ["--criterion", "cross_entropy", "--max-update", "2", "--optimizer", "sgd", "--lr", "0.5", "--momentum", "0.0"]
@@ -90,7 +90,7 @@ def test_mgs_update_does_not_depend_on_the_loss_scale(precision, toy_bin, tmp_pa
     token changes MGS's weights: so two runs at each scale are made, and the runs at two
     scales must agree as far as the runs at one scale agree. The first differences of
     all pairs are reported as a warning. Under --amp the scaler follows --amp-init-scale
-    and --amp-scale-window only with fairseq_ext.runtime.compat.patch_amp_loss_scaler: fairseq
+    and --amp-scale-window only with fairseq_ext.runtime.checkpoints.patch_amp_loss_scaler: fairseq
     0.12 itself starts at --fp16-init-scale and grows the scale every --amp-init-scale
     updates (run 4 then doubled its scale after update 4 and parted from run 1024 at
     update 5, docs/performance.md)."""

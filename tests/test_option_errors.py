@@ -1,5 +1,5 @@
 """Every bad option or input ends the command with one line, exit status 2, before
-any work (fairseq_ext/runtime/validation.py, fairseq_ext/runtime/compat.py):
+any work (fairseq_ext/runtime/validation.py, fairseq_ext/runtime/checkpoints.py):
 
 * every option of a plugin criterion, task or model (the generators are configured
   through their tasks) that declares a constraint, found in the config

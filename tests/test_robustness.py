@@ -114,7 +114,7 @@ def test_checkpoint_copies_replace_the_old_file_atomically(tmp_path, monkeypatch
 def test_a_run_stopped_mid_epoch_exits_cleanly(tmp_path):
     """fairseq makes batches in a daemon thread that is still running when
     --max-update stops a run in the middle of an epoch; without the plugin's exit hook
-    (compat.stop_batch_threads_at_exit) this small language model aborted at exit
+    (checkpoints.stop_batch_threads_at_exit) this small language model aborted at exit
     with "terminate called without an active exception" (exit 134) after "done
     training", in every try (6 of 6 with 100 updates, 4 of 4 with 30). Two runs must both
     exit 0, as real processes (a fork server's child leaves without destroying torch's

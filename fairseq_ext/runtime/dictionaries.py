@@ -3,7 +3,7 @@ dictionaries is saved with every checkpoint, and a checkpoint is refused where t
 data's dictionaries differ, the same size included.
 
 fairseq catches a dictionary of another size (the embedding's shape does not fit,
-``compat.state_dict_mismatch``), but a dictionary of the same size built from another
+``checkpoints.state_dict_mismatch``), but a dictionary of the same size built from another
 BPE model loads silently and decodes into garbage. With the plugin loaded,
 ``Trainer.save_checkpoint`` stores ``extra_state["fairseq_ext"]["dictionaries"]``,
 ``{"source": FINGERPRINT, "target": FINGERPRINT}``, and loading such a checkpoint
@@ -94,7 +94,7 @@ def patch_dictionary_check() -> None:
     """fairseq loads a checkpoint trained with another dictionary of the same size without a word.
 
     Save the task's dictionary fingerprints with every checkpoint and check them on loading
-    (idempotent; see the module's docstring). Apply after ``compat.patch_checkpoint_errors``."""
+    (idempotent; see the module's docstring). Apply after ``checkpoints.patch_checkpoint_errors``."""
     from fairseq import checkpoint_utils
     from fairseq.trainer import Trainer
 
