@@ -308,7 +308,8 @@ COLLAPSED = "KeyError: 'bleu'"  # fairseq's validation logs no BLEU when every h
 def run(command: Sequence[str]) -> tuple:
     """Run fairseq-train, echoing its output; (return code, validations it logged, whether its
     validation failed on a collapsed model, seconds its validations took)."""
-    proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env=_fixes_env())
     validations, collapsed, seconds, began = 0, False, 0.0, None
     for line in proc.stdout:
         sys.stdout.write(line)
@@ -410,7 +411,17 @@ def wrapped(command: List[str]) -> argparse.Namespace:
                               dry_run=False)
 
 
+def _fixes_env() -> dict:
+    """The environment of the fairseq-train run: the plugin's fixes of fairseq (runtime.fixes) apply
+    to every method, the MLE control with fairseq's own criterion included, unless
+    FAIRSEQ_EXT_FIXES says otherwise."""
+    return {**os.environ, "FAIRSEQ_EXT_FIXES": os.environ.get("FAIRSEQ_EXT_FIXES") or "all"}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
+    from fairseq_ext.runtime import cli
+
+    cli.install()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["fairseq-train"]:
         a, command = wrapped(argv), argv
@@ -430,7 +441,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if "--disable-validation" in command:
         print("finetune: --disable-validation: no validation, no selection (checkpoint_last.pt is the result)",
               flush=True)
-        raise SystemExit(subprocess.call(command))
+        raise SystemExit(subprocess.call(command, env=_fixes_env()))
     record_path = os.path.join(a.save_dir, "selection.json")
     previous = json.load(open(record_path)) if os.path.isfile(record_path) else {}
     if previous.get("start_checkpoint") == os.path.abspath(a.mle) and "start" in previous:

@@ -98,6 +98,9 @@ def score_prompt(lm, energy_model, dictionary, prefix: str, candidates: Sequence
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
+    from fairseq_ext.runtime import cli
+
+    cli.install()
     p = argparse.ArgumentParser(prog="python -m fairseq_ext.rerank_residual", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--energy", required=True, help="the residual EBM's checkpoint (fairseq-train --task residual_lm)")

@@ -1,4 +1,4 @@
-"""--amp's loss scaling (fairseq_ext.runtime.checkpoints.patch_amp_loss_scaler), checked on the CPU with a
+"""--amp's loss scaling (fairseq_ext.runtime.fixes.amp_loss_scaler, applied where the plugin's components run), checked on the CPU with a
 CPU GradScaler in place of CUDA's: the update is the optimizer's step on the gradient (hand-
 computed SGD step), and the scaler starts at --amp-init-scale and grows after
 --amp-scale-window updates. fairseq 0.12's own AMPOptimizer is the control: it divides the
@@ -10,9 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import fairseq_ext  # noqa: F401  (applies the patch)
+import fairseq_ext  # noqa: F401
+from fairseq_ext.runtime import fixes
 
 amp_optimizer = pytest.importorskip("fairseq.optim.amp_optimizer")
+fixes.amp_loss_scaler()  # what a command choosing a plugin component gets
 from fairseq.optim.sgd import SGD  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
@@ -78,12 +80,10 @@ def test_amp_update_unscales_the_gradient_once(monkeypatch):
 
 def test_amp_fix_can_be_turned_off(monkeypatch):
     """FAIRSEQ_EXT_AMP_FIX=0 leaves fairseq's AMPOptimizer as it is (to repeat an old run)."""
-    from fairseq_ext.runtime import checkpoints as compat
-
     for value, patched in (("0", False), ("1", True)):
         fresh = type("AMPOptimizer", (), {"__init__": FAIRSEQ_INIT, "clip_grad_norm": FAIRSEQ_CLIP})
         monkeypatch.setattr(amp_optimizer, "AMPOptimizer", fresh)
         monkeypatch.setenv("FAIRSEQ_EXT_AMP_FIX", value)
-        compat.patch_amp_loss_scaler()
+        fixes.amp_loss_scaler()
         assert (fresh.clip_grad_norm is not FAIRSEQ_CLIP) == patched, value
         assert (fresh.__init__ is not FAIRSEQ_INIT) == patched, value

@@ -1,5 +1,5 @@
 """Which errors of fairseq's checkpoint loading the plugin relabels as one line
-(runtime/checkpoints.py, ``patch_checkpoint_errors``): a file that is missing, unreadable or
+(runtime/checkpoints.py, ``load_checkpoint_to_cpu``): a file that is missing, unreadable or
 holds no fairseq checkpoint gets ``FILE: ...`` (a ConfigError, exit 2 at the command
 line); any other error while loading a real checkpoint, a bug in an upgrade step for
 one, keeps its own type and traceback."""

@@ -1,7 +1,7 @@
 """A checkpoint knows its dictionaries (``runtime.dictionaries``): a checkpoint trained with
 the plugin refuses data whose dictionaries have the same size but other entries, at
-``fairseq-generate --path``, ``--finetune-from-model`` and ``--restore-file``, in one
-line with exit 2 and nothing written; ``FAIRSEQ_EXT_DICT_CHECK=0`` overrides it; a
+``fairseq-generate --path``, ``--finetune-from-model`` and ``--restore-file``, nothing
+written (in one line with exit 2 where the command chooses a plugin component); ``FAIRSEQ_EXT_DICT_CHECK=0`` overrides it; a
 checkpoint without fingerprints loads as before."""
 import os
 import shutil
@@ -85,10 +85,17 @@ def test_the_checkpoint_holds_the_fingerprints_of_its_data(trained, toy_bin):
         assert saved[key] == {"fingerprint": dictionaries.fingerprint(d), "size": len(d)}
 
 
-def _refused(proc, path, data):
-    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-2000:]
-    lines = [line for line in proc.stderr.splitlines() if "error:" in line]
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+def _refused(proc, path, data, plugin_command=True):
+    """A command that chooses a plugin component ends with one line, exit 2; one with only fairseq's
+    components, with a traceback whose last line is the same message (exit 1)."""
+    if plugin_command:
+        assert proc.returncode == 2, (proc.stdout + proc.stderr)[-2000:]
+        lines = [line for line in proc.stderr.splitlines() if "error:" in line]
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    else:
+        assert proc.returncode == 1 and "Traceback" in proc.stderr, (proc.stdout + proc.stderr)[-2000:]
+        lines = proc.stderr.strip().splitlines()[-1:]
+        assert lines[0].startswith("fairseq_ext.runtime.dictionaries.DictionaryMismatch: "), lines
     line = lines[0]
     assert f"{path}: trained with another source dictionary than {data}'s (the same size, other entries)" in line
     assert line.count("entries") == 3 and "FAIRSEQ_EXT_DICT_CHECK=0" in line, line
@@ -97,7 +104,7 @@ def _refused(proc, path, data):
 
 def test_generate_refuses_same_size_other_dictionary(trained, toy_bin, other_bin):
     proc = run(["fairseq-generate", other_bin, "--user-dir", "fairseq_ext", "--path", trained, *GENERATE])
-    line = _refused(proc, trained, other_bin)
+    line = _refused(proc, trained, other_bin, plugin_command=False)
     state = torch.load(trained, map_location="cpu", weights_only=False)
     assert state["extra_state"]["fairseq_ext"]["dictionaries"]["source"]["fingerprint"] in line
     assert not [l for l in proc.stdout.splitlines() if l.startswith("H-")]
@@ -112,8 +119,9 @@ def test_generate_refuses_same_size_other_dictionary(trained, toy_bin, other_bin
 @pytest.mark.parametrize("how", ["--finetune-from-model", "--restore-file"])
 def test_training_refuses_same_size_other_dictionary(how, trained, other_bin, tmp_path):
     save = tmp_path / "save"
-    proc = run(["fairseq-train", other_bin, "--user-dir", "fairseq_ext", *TINY, "--criterion", "cross_entropy",
-                "--max-update", "5", "--save-dir", str(save), how, trained])
+    proc = run(["fairseq-train", other_bin, "--user-dir", "fairseq_ext", *TINY, "--criterion", "mrt",
+                "--max-update", "5", "--save-dir", str(save), how, trained]
+               + (["--reset-optimizer"] if how == "--restore-file" else []))  # the checkpoint's criterion is another
     _refused(proc, trained, other_bin)
     assert not list(save.glob("*.pt")) if save.exists() else True
 

@@ -1,4 +1,5 @@
-"""fairseq_ext.runtime.checkpoints.patch_resume_batches (on by default): a run stopped after epoch 2 and
+"""fairseq_ext.runtime.fixes.exact_resume (on where a plugin component runs: here the task
+``translation_search``, whose training is fairseq's translation): a run stopped after epoch 2 and
 resumed is the same model as the run trained straight through; with
 FAIRSEQ_EXT_EXACT_RESUME=0, fairseq's own resume cuts other batches and the models differ
 (the control: the test fails if the patch does nothing, and says so if fairseq itself
@@ -10,7 +11,7 @@ import torch
 from conftest import run_cli
 
 USER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_ext")
-ARGS = ["--user-dir", USER_DIR, "--task", "translation", "--arch", "transformer", "--encoder-layers", "1",
+ARGS = ["--user-dir", USER_DIR, "--task", "translation_search", "--arch", "transformer", "--encoder-layers", "1",
         "--decoder-layers", "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
         "--encoder-ffn-embed-dim", "16", "--decoder-ffn-embed-dim", "16", "--encoder-attention-heads", "2",
         "--decoder-attention-heads", "2", "--dropout", "0.1", "--criterion", "cross_entropy", "--optimizer", "adam",

@@ -204,14 +204,13 @@ def mistakes(toy_lm_bin, lm_checkpoint, other_dictionary, tmp_path_factory):
     (tmp / "truncated.pt").write_bytes(open(lm_checkpoint, "rb").read()[:1000])
     (tmp / "text.pt").write_text("not a checkpoint\n")
     (tmp / "no_negatives").mkdir()
-    lm = ["--task", "language_modeling", "--tokens-per-sample", "32", *LM_ARCH]
-    generate = ["fairseq-generate", "--user-dir", "fairseq_ext", "--task", "language_modeling", "--batch-size", "4"]
+    # commands that choose a plugin component (the task text_completion): the plugin's one-line errors
+    lm = ["--task", "text_completion", "--tokens-per-sample", "32", *LM_ARCH]
+    generate = ["fairseq-generate", "--user-dir", "fairseq_ext", "--task", "text_completion", "--batch-size", "4"]
     cases = {
         "no data directory": ["fairseq-train", str(tmp / "nosuch"), *lm],
         "no split": ["fairseq-train", toy_lm_bin, *lm, "--valid-subset", "nosuch"],
-        "no restore file": ["fairseq-train", toy_lm_bin, *lm, "--restore-file", str(tmp / "nosuch.pt")],
         "truncated restore file": ["fairseq-train", toy_lm_bin, *lm, "--restore-file", str(tmp / "truncated.pt")],
-        "no model to fine-tune": ["fairseq-train", toy_lm_bin, *lm, "--finetune-from-model", str(tmp / "nosuch.pt")],
         "other dictionary, fine-tune": ["fairseq-train", other_dictionary, *lm, "--finetune-from-model",
                                         lm_checkpoint],
         "no path": generate + [toy_lm_bin, "--path", str(tmp / "nosuch.pt")],
@@ -240,10 +239,8 @@ def mistakes(toy_lm_bin, lm_checkpoint, other_dictionary, tmp_path_factory):
 
 @pytest.mark.parametrize("case,message", [
     ("no data directory", r"{tmp}/nosuch: no such data directory"),
-    ("no split", r"split nosuch: Dataset not found: nosuch \({data}/nosuch\)"),
-    ("no restore file", r"--restore-file {tmp}/nosuch.pt: no such checkpoint file"),
+    ("no split", r"split nosuch: text_completion: dataset not found: nosuch \({data}/nosuch\.bin/\.idx\)"),
     ("truncated restore file", r"{tmp}/truncated.pt: cannot load it as a checkpoint \(RuntimeError: .*zip archive"),
-    ("no model to fine-tune", r"--finetune-from-model {tmp}/nosuch.pt: no such checkpoint file"),
     ("other dictionary, fine-tune", r"{ckpt}: the checkpoint's dictionary has (\d+) entries, the data's (\d+): "
                                     r"it was trained with another dictionary \(size mismatch for decoder\.embed_tokens"),
     ("no path", r"{tmp}/nosuch.pt: no such checkpoint file"),
@@ -272,7 +269,7 @@ def test_traceback_on_request(mistakes):
     result, _ = mistakes[1]["traceback on request"]
     assert result["rc"] == 1 and "Traceback" in result["stderr"]
     assert "size mismatch for decoder.embed_tokens.weight" in result["stderr"]  # the cause, chained
-    assert result["stderr"].strip().splitlines()[-1].startswith("fairseq_ext.runtime.cli.ConfigError: ")
+    assert result["stderr"].strip().splitlines()[-1].startswith("fairseq_ext.runtime.checkpoints.ModelMismatch: ")
 
 
 def test_a_misspelled_plugin_option_is_one_line_with_the_closest_names(toy_bin, tmp_path):

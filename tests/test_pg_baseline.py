@@ -1,7 +1,7 @@
 """PG's moving baseline through fairseq-train: it continues over epoch boundaries
 within a run (no restart at 0), and a run resumed from a checkpoint taken at an
 epoch boundary or within an epoch continues it exactly (fairseq_ext.runtime.checkpoints.
-patch_criterion_state), on 8 toy sentences at 2 updates an epoch."""
+Trainer.save_checkpoint / load_checkpoint), on 8 toy sentences at 2 updates an epoch."""
 import json
 import os
 

@@ -91,8 +91,11 @@ def test_checkpoint_copies_replace_the_old_file_atomically(tmp_path, monkeypatch
     half-way (here: an exception after the first chunk) must leave the old file whole."""
     import shutil
 
-    import fairseq_ext  # noqa: F401  (patches checkpoint_utils)
     from fairseq import checkpoint_utils
+
+    from fairseq_ext.runtime import checkpoints
+
+    checkpoints.atomic_copies()  # applied where the plugin's components run
 
     src, dst = tmp_path / "checkpoint_1_3.pt", tmp_path / "checkpoint_last.pt"
     src.write_bytes(b"new" * 100000)
@@ -114,7 +117,7 @@ def test_checkpoint_copies_replace_the_old_file_atomically(tmp_path, monkeypatch
 def test_a_run_stopped_mid_epoch_exits_cleanly(tmp_path):
     """fairseq makes batches in a daemon thread that is still running when
     --max-update stops a run in the middle of an epoch; without the plugin's exit hook
-    (checkpoints.stop_batch_threads_at_exit) this small language model aborted at exit
+    (fixes.stop_batch_threads_at_exit, applied where the plugin's components run) this small language model aborted at exit
     with "terminate called without an active exception" (exit 134) after "done
     training", in every try (6 of 6 with 100 updates, 4 of 4 with 30). Two runs must both
     exit 0, as real processes (a fork server's child leaves without destroying torch's
@@ -126,7 +129,7 @@ def test_a_run_stopped_mid_epoch_exits_cleanly(tmp_path):
     data = toy.binarize_lines(raw, str(tmp_path / "bin"))
     for i in range(2):
         proc = run_cli(["fairseq-train", data, "--user-dir", "fairseq_ext", "--task", "language_modeling",
-                        "--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16",
+                        "--criterion", "self_normalized_ce", "--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16",
                         "--decoder-output-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
                         "--tokens-per-sample", "13", "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "2000",
                         "--max-update", "30", "--save-dir", str(tmp_path / f"lm{i}"), "--no-epoch-checkpoints",

@@ -20,6 +20,7 @@ import torch
 from fairseq.criterions import FairseqCriterion
 from torch import Tensor
 
+from fairseq_ext.runtime import fixes
 from fairseq_ext.runtime.clock import check_model_at_start
 from fairseq_ext.runtime.distributed import forward_in_wrapper
 from fairseq_ext.decoding.candidates import Candidates, DecodeConfig
@@ -33,6 +34,7 @@ class CandidateRiskCriterion(FairseqCriterion):
 
     def __init__(self, task, name: str, scorer: BatchScorer, decode_cfg: DecodeConfig, mle_weight: float):
         super().__init__(task)
+        fixes.activate()  # configure_from_training is called by the Trainer (runtime.fixes)
         check_model_at_start(task, lambda model: check_candidate_model(task, model, name))
         self.scorer = scorer
         self.decode_cfg = decode_cfg

@@ -38,6 +38,7 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum
 from omegaconf import II
 
+from fairseq_ext.runtime import fixes
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import above
 from fairseq_ext.core.parameter_search import (IMPORTANCE, NOISE_SCALES, PROPOSALS, ParameterSearch, ProposalConfig,
@@ -140,6 +141,7 @@ class MGSCriterion(FairseqCriterion):
                  mgs_candidate_evaluation="batched", decoding_path="static-cache",
                  seed=1):
         super().__init__(task)
+        fixes.activate()  # configure_from_training is called by the Trainer (runtime.fixes)
         check_options(MGSConfig, locals())
         if mgs_score_model and not os.path.isfile(mgs_score_model):
             raise ConfigError(f"--mgs-score-model: no such file {mgs_score_model}")

@@ -4,7 +4,7 @@ For each input: n candidates by ancestral sampling; loss = mean_k (c_k - b_k) lo
 p(y^(k) | x) summed over the batch (sample size = sentences), with a baseline b_k
 that does not use sample k: the mean cost of the input's other samples
 (``loo``, Kool et al. 2019; no state), a lagged moving average of the pooled cost
-(``moving``; carried through checkpoints, see ``checkpoints.patch_criterion_state``),
+(``moving``; carried through checkpoints, see ``runtime.checkpoints``),
 the cost of the greedy decode of the same input (``greedy``, self-critical), or
 none; plus ``--pg-mle-weight`` times the reference's per-token NLL
 (``candidate_risk``). Defaults and their sources: docs/mgs.md, "Defaults and why".
@@ -71,7 +71,7 @@ class PGCriterion(CandidateRiskCriterion):
         self._greedy = []  # the greedy candidates of the batch being decoded
 
     def checkpoint_state(self) -> Dict[str, float]:
-        """Running state a resumed run continues (saved by ``checkpoints.patch_criterion_state``)."""
+        """Running state a resumed run continues (saved by ``runtime.checkpoints``)."""
         return self.moving.state_dict()
 
     def load_checkpoint_state(self, state: Dict[str, float]) -> None:

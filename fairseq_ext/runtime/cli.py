@@ -1,16 +1,19 @@
-"""How the plugin talks to a person at the command line (installed on import).
+"""How the plugin talks to a person at the command line.
 
 ``ConfigError`` is the one exception for a bad option value or input file: its
 message names the option (or file) and what is allowed. When one escapes a
-console command (``fairseq-train``, ``fairseq-generate``, a script), the command
-ends with that one line and exit status 2, as argparse does for a bad option:
+command that chooses one of the plugin's components (``fairseq-train --criterion mrt``,
+``fairseq-generate --task translation_mbr``) or one of the plugin's own commands
+(``python -m fairseq_ext.finetune``, ...), the command ends with that one line and exit
+status 2, as argparse does for a bad option:
 
     fairseq-train: error: --mgs-alpha must be > 0, got 0.0
 
-``FAIRSEQ_EXT_TRACEBACK=1`` prints the full traceback instead. Any other
-exception keeps Python's traceback.
+``install`` sets that ``sys.excepthook``; importing the package does not (``runtime.fixes``
+calls it where such a command parses its options). ``FAIRSEQ_EXT_TRACEBACK=1`` prints the
+full traceback instead. Any other exception keeps Python's traceback.
 
-fairseq's parser (``fairseq.options.parse_args_and_arch``) gets four changes
+fairseq's parser (``fairseq.options.parse_args_and_arch``) gets six changes
 (``runtime.parser``):
 
 * the old spelling of a renamed plugin option is read as its new name, with a
@@ -25,7 +28,11 @@ fairseq's parser (``fairseq.options.parse_args_and_arch``) gets four changes
   ``python -m fairseq_ext.options`` (``fairseq_ext.options``);
 * the parsed options of the chosen plugin components are checked against the
   rules their config dataclasses declare (``runtime.validation``), so a bad
-  value ends the command before fairseq creates ``--save-dir`` or reads data.
+  value ends the command before fairseq creates ``--save-dir`` or reads data;
+* a ``--restore-file`` that does not exist is named in a warning line (fairseq then trains
+  from scratch, as it does without the plugin);
+* a command that chooses a plugin component gets ``runtime.fixes`` and this module's
+  one-line errors.
 """
 import os
 import sys

@@ -11,7 +11,7 @@ checkpoint left them, with any task.
 One more hook tied to fairseq's training loop lives here: ``check_model_at_start``
 (a model check at the first ``begin_epoch``, before any batch). Running state that
 is not a function of the clock (PG's moving baseline) is carried through
-checkpoints by ``fairseq_ext.runtime.checkpoints.patch_criterion_state``.
+checkpoints by ``fairseq_ext.runtime.checkpoints``.
 """
 
 UNITS = ("epoch", "update")  # what a schedule counts: epochs completed or updates done

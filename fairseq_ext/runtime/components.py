@@ -25,7 +25,8 @@ class Option(NamedTuple):
     rule: str = ""  # the declared constraint, completing "must be ..." ("> 0"), or ""
 
 
-def _is_plugin(cls: type) -> bool:
+def is_plugin(cls: type) -> bool:
+    """Whether a class is defined in this package (a plugin component, not fairseq's)."""
     return cls.__module__ == PLUGIN or cls.__module__.startswith(PLUGIN + ".")
 
 
@@ -36,9 +37,9 @@ def plugin_components() -> List[Component]:
     from fairseq.tasks import TASK_REGISTRY
 
     out = [Component(kind, name, cls) for kind, registry in (("criterion", CRITERION_REGISTRY), ("task", TASK_REGISTRY))
-           for name, cls in sorted(registry.items()) if _is_plugin(cls)]
+           for name, cls in sorted(registry.items()) if is_plugin(cls)]
     for name, cls in sorted(MODEL_REGISTRY.items()):
-        if _is_plugin(cls):
+        if is_plugin(cls):
             out.append(Component("model", name, cls, tuple(sorted(a for a, m in ARCH_MODEL_REGISTRY.items() if m is cls))))
     return out
 

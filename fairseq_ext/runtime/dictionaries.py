@@ -6,10 +6,12 @@ fairseq catches a dictionary of another size (the embedding's shape does not fit
 ``checkpoints.state_dict_mismatch``), but a dictionary of the same size built from another
 BPE model loads silently and decodes into garbage. With the plugin loaded,
 ``Trainer.save_checkpoint`` stores ``extra_state["fairseq_ext"]["dictionaries"]``,
-``{"source": FINGERPRINT, "target": FINGERPRINT}``, and loading such a checkpoint
+``{"source": FINGERPRINT, "target": FINGERPRINT}`` (a task with a dictionary per language,
+``multilingual_translation``: ``{"dict.de": ..., "dict.en": ...}``), and loading such a checkpoint
 (``fairseq-generate --path``, ``fairseq-train --restore-file`` /
 ``--finetune-from-model`` / a resume, ``load_model_ensemble``) with a task whose
-dictionaries have other fingerprints ends with one line (``ConfigError``, exit 2):
+dictionaries have other fingerprints raises ``DictionaryMismatch`` (one line and exit 2 in a
+plugin command, ``runtime.cli``; the wrappers are in ``runtime.checkpoints``):
 
     fairseq-generate: error: ckpt.pt: trained with another target dictionary than data-bin/x's (2000 entries,
     fingerprint 0d3c5a1e9b7f in the checkpoint; 2000 entries, 8e01f2a4c6d5 in the data) ...
@@ -21,7 +23,6 @@ whose entries were renamed on purpose).
 The fingerprint is the first 12 hex digits of the SHA-256 of the dictionary's symbols
 in index order (special symbols included): the ids' meaning, not the counts.
 """
-import functools
 import hashlib
 import os
 from typing import Dict, Optional
@@ -33,6 +34,10 @@ CHECK_ENV = "FAIRSEQ_EXT_DICT_CHECK"
 SIDES = ("source", "target")
 
 
+class DictionaryMismatch(ConfigError):
+    """A checkpoint trained with other dictionaries than the data's."""
+
+
 def fingerprint(dictionary) -> str:
     """12 hex digits of the SHA-256 of ``dictionary.symbols``, joined by newlines, in index order."""
     text = "\n".join(str(s) for s in dictionary.symbols)
@@ -40,6 +45,12 @@ def fingerprint(dictionary) -> str:
 
 
 def _task_dictionaries(task) -> Dict[str, object]:
+    """{side: Dictionary} of a task: "source" and "target", or, for a task with a dictionary per
+    language (``dicts``: ``multilingual_translation``), "dict.LANG" for each language."""
+    per_language = getattr(task, "dicts", None)
+    if isinstance(per_language, dict) and per_language and \
+            all(hasattr(d, "symbols") for d in per_language.values()):
+        return {f"dict.{lang}": d for lang, d in sorted(per_language.items())}
     out = {}
     for side in SIDES:
         try:
@@ -78,61 +89,13 @@ def check(path: str, saved: Optional[Dict[str, dict]], task) -> None:
     if not saved or task is None or os.environ.get(CHECK_ENV, "1") == "0":
         return
     current = fingerprints(task)
-    for side in SIDES:
-        if side not in saved or side not in current:
+    for side in saved:
+        if side not in current:
             continue
         was, now = saved[side], current[side]
         if was["fingerprint"] != now["fingerprint"]:
             same = " (the same size, other entries)" if was["size"] == now["size"] else ""
-            raise ConfigError(
+            raise DictionaryMismatch(
                 f"{path}: trained with another {side} dictionary than {_data_dir(task)}'s{same}: {was['size']} "
                 f"entries, fingerprint {was['fingerprint']} in the checkpoint; {now['size']} entries, "
                 f"{now['fingerprint']} in the data ({CHECK_ENV}=0 loads it anyway)")
-
-
-def patch_dictionary_check() -> None:
-    """fairseq loads a checkpoint trained with another dictionary of the same size without a word.
-
-    Save the task's dictionary fingerprints with every checkpoint and check them on loading
-    (idempotent; see the module's docstring). Apply after ``checkpoints.patch_checkpoint_errors``."""
-    from fairseq import checkpoint_utils
-    from fairseq.trainer import Trainer
-
-    if getattr(Trainer.save_checkpoint, "__fairseq_ext_dictionaries__", False):
-        return
-    save, load = Trainer.save_checkpoint, Trainer.load_checkpoint
-    to_cpu, ensemble_and_task = checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.load_model_ensemble_and_task
-    loaded: Dict[str, Optional[dict]] = {}  # path -> its saved fingerprints, while an ensemble loads
-
-    @functools.wraps(save)
-    def save_checkpoint(self, filename, extra_state):
-        mine = {**(extra_state.get(STATE_KEY) or {}), "dictionaries": fingerprints(self.task)}
-        return save(self, filename, {**extra_state, STATE_KEY: mine})
-
-    @functools.wraps(load)
-    def load_checkpoint(self, filename, *args, **kwargs):
-        extra_state = load(self, filename, *args, **kwargs)
-        check(filename, saved_fingerprints(extra_state), self.task)
-        return extra_state
-
-    @functools.wraps(to_cpu)
-    def load_checkpoint_to_cpu(path, *args, **kwargs):
-        state = to_cpu(path, *args, **kwargs)
-        if isinstance(state, dict):
-            loaded[str(path)] = saved_fingerprints(state.get("extra_state"))
-        return state
-
-    @functools.wraps(ensemble_and_task)
-    def load_model_ensemble_and_task(filenames, *args, **kwargs):
-        loaded.clear()
-        result = ensemble_and_task(filenames, *args, **kwargs)
-        task = result[2]
-        for path, saved in list(loaded.items()):
-            check(path, saved, task)
-        loaded.clear()
-        return result
-
-    save_checkpoint.__fairseq_ext_dictionaries__ = True
-    Trainer.save_checkpoint, Trainer.load_checkpoint = save_checkpoint, load_checkpoint
-    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
-    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task

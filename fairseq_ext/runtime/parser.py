@@ -1,18 +1,23 @@
 """fairseq's parser (``fairseq.options.parse_args_and_arch``) with the plugin's changes
 (installed on import of the plugin; ``runtime.cli``'s docstring lists them): old option
 spellings read as their new names (``runtime.renamed``), an argparse error about a
-plugin option in one line, a complete ``--help``, and the parsed options checked against
-their declared rules (``runtime.validation``).
+plugin option in one line, a complete ``--help``, the parsed options checked against
+their declared rules (``runtime.validation``), and, where the command chooses one of the
+plugin's components, ``runtime.fixes.activate``. A ``--restore-file`` that does not exist
+keeps fairseq's meaning (training starts from scratch) with one warning line naming it.
 """
 import argparse
 import functools
+import logging
+import os
 import re
 import sys
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
-from fairseq_ext.runtime.components import flag_owners, plugin_flags
+from fairseq_ext.runtime import fixes
+from fairseq_ext.runtime.components import flag_owners, is_plugin, plugin_flags
 from fairseq_ext.runtime.renamed import rewrite_argv
-from fairseq_ext.runtime.validation import check_parsed
+from fairseq_ext.runtime.validation import check_parsed, chosen_components
 
 HELP_FLAGS = ("-h", "--help")
 
@@ -57,6 +62,19 @@ def _misspelled_plugin_option(message: str) -> Optional[str]:
     return "unrecognized option " + ", ".join(parts)
 
 
+def chooses_plugin_component(args: Any) -> bool:
+    """Whether parsed options choose a plugin task, model (``--arch``) or criterion."""
+    return any(is_plugin(cls) for cls in chosen_components(args))
+
+
+def _warn_missing_restore_file(args: Any) -> None:
+    """fairseq trains from scratch when ``--restore-file`` names no file, and says so only at INFO level."""
+    path = getattr(args, "restore_file", None)
+    if isinstance(path, str) and path != "checkpoint_last.pt" and "://" not in path and not os.path.exists(path):
+        logging.getLogger("fairseq_ext").warning(f"--restore-file {path}: no such checkpoint file; training starts "
+                                                 "from scratch (fairseq's meaning of a missing --restore-file)")
+
+
 def _fairseq_parser(parse_args_and_arch: Callable) -> Callable:
     @functools.wraps(parse_args_and_arch)
     def wrapper(parser: argparse.ArgumentParser, input_args: Optional[List[str]] = None, *args, **kwargs):
@@ -87,7 +105,11 @@ def _fairseq_parser(parse_args_and_arch: Callable) -> Callable:
 
             parser.parse_known_args = first_parse
         parsed = parse_args_and_arch(parser, argv, *args, **kwargs)
-        check_parsed(parsed[0] if isinstance(parsed, tuple) else parsed)
+        options = parsed[0] if isinstance(parsed, tuple) else parsed
+        if chooses_plugin_component(options):
+            fixes.activate(command_line=True)
+        check_parsed(options)
+        _warn_missing_restore_file(options)
         return parsed
 
     wrapper.__fairseq_ext__ = True

@@ -110,8 +110,8 @@ def as_options(config: type) -> Iterator[None]:
         raise config_error(config, e) from None
 
 
-def chosen_configs(args: Any) -> List[type]:
-    """The config dataclasses of the task, model (``--arch``) and criterion ``args`` chose."""
+def chosen_components(args: Any) -> List[type]:
+    """The classes of the task, model (``--arch``) and criterion ``args`` chose."""
     from fairseq.criterions import CRITERION_REGISTRY
     from fairseq.models import ARCH_MODEL_REGISTRY
     from fairseq.tasks import TASK_REGISTRY
@@ -119,11 +119,15 @@ def chosen_configs(args: Any) -> List[type]:
     out = []
     for registry, key in ((TASK_REGISTRY, "task"), (ARCH_MODEL_REGISTRY, "arch"), (CRITERION_REGISTRY, "criterion")):
         name = getattr(args, key, None)
-        cls = registry.get(name) if isinstance(name, str) else None
-        config = getattr(cls, "__dataclass", None)
-        if config is not None and dataclasses.is_dataclass(config):
-            out.append(config)
+        if isinstance(name, str) and name in registry:
+            out.append(registry[name])
     return out
+
+
+def chosen_configs(args: Any) -> List[type]:
+    """The config dataclasses of the task, model (``--arch``) and criterion ``args`` chose."""
+    configs = [getattr(cls, "__dataclass", None) for cls in chosen_components(args)]
+    return [c for c in configs if c is not None and dataclasses.is_dataclass(c)]
 
 
 def check_parsed(args: Any) -> None:

@@ -9,15 +9,15 @@
 # differ by up to 0.09: the first batch after the resume holds other sentences (ids 127, 80, 146, 187,
 # ... against 127, 80, 50, 248, ...), because fairseq cuts its length-sorted batches with a permutation
 # seeded by the epoch in which it rebuilds its batch iterator. The plugin's exact resume
-# (fairseq_ext/runtime/checkpoints.py, on by default in fairseq-train with the plugin; off here unless
-# FAIRSEQ_EXT_EXACT_RESUME=1 is exported) makes the resumed run the same model: run this script with
-# it exported and every difference is 0.
+# (fairseq_ext/runtime/fixes.py, on where a plugin component runs; this script trains with fairseq's own
+# criterion, so it is off unless FAIRSEQ_EXT_FIXES=all is exported) makes the resumed run the same model:
+# run this script with it exported and every difference is 0.
 # usage: scripts/inspect/resume_exactness.sh [WORK_DIR]   (about a minute on one core)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 W=${1:-$(mktemp -d)}
 PYTHON=${PYTHON:-python}
-export OMP_NUM_THREADS=1 FAIRSEQ_EXT_EXACT_RESUME=${FAIRSEQ_EXT_EXACT_RESUME:-0}  # plain fairseq's resume
+export OMP_NUM_THREADS=1 FAIRSEQ_EXT_FIXES=${FAIRSEQ_EXT_FIXES:-auto}  # auto: plain fairseq's resume here
 mkdir -p "$W"
 BIN=$("$PYTHON" -c "
 import sys
