@@ -26,6 +26,7 @@ for ``sequential``.
 Validation computes the MLE loss and the task losses of greedy decodes, so
 ``--best-checkpoint-metric task_loss`` selects on the task loss.
 """
+import functools
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum
 from omegaconf import II
 
+from fairseq_ext.criterions.logged_metrics import summed
 from fairseq_ext.runtime import fixes
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import above
@@ -347,9 +349,7 @@ class MGSCriterion(FairseqCriterion):
     # ---------------------------------------------------------------- metrics
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
-        def total(key):
-            return sum(log.get(key, 0) for log in logging_outputs)
-
+        total = functools.partial(summed, logging_outputs)
         nsent = total("nsentences")
         ntok = total("ntokens")
         count = total("mgs_count")

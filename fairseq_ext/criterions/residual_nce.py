@@ -17,13 +17,15 @@ It needs task ``residual_lm`` and the negatives of every split it reads: built,
 it makes the task refuse, when loading it, a split without them (before training
 starts).
 """
+import functools
 from dataclasses import dataclass, field
 
 import torch
-from fairseq import metrics, utils
+from fairseq import metrics
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
+from fairseq_ext.criterions.logged_metrics import summed
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.residual_ebm import NEG_WEIGHTINGS, nce_accuracy, nce_loss
 from fairseq_ext.runtime.validation import check_options
@@ -65,9 +67,7 @@ class ResidualNCECriterion(FairseqCriterion):
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
-        def total(key):
-            return utils.item(sum(log.get(key, 0) for log in logging_outputs))
-
+        total = functools.partial(summed, logging_outputs)
         n = max(total("sample_size"), 1)
         metrics.log_scalar("loss", total("loss") / n, n, round=4)
         for key in ("e_pos", "e_neg", "acc_pos", "acc_neg"):

@@ -19,16 +19,17 @@ When eps = 1 (the warm-up) or no position of a batch is model-fed, the step is
 an ordinary teacher-forced forward (the tests check that the sequential pass with
 eps = 1 gives the same loss). Validation is teacher-forced cross-entropy.
 """
+import functools
 import logging
-import math
 from dataclasses import dataclass, field
 
 import torch
-from fairseq import metrics, utils
+from fairseq import metrics
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum
 from omegaconf import II
 
+from fairseq_ext.criterions.logged_metrics import log_cross_entropy, summed
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.relaxations import DECISION_MODES
 from fairseq_ext.core.schedules import EPS_SCHEDULES, check_eps_schedule, exponential_growth, teacher_forcing_prob
@@ -216,13 +217,8 @@ class DSSCriterion(FairseqCriterion):
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
-        def total(key):
-            return utils.item(sum(log.get(key, 0) for log in logging_outputs))
-
-        sample_size, ntokens = total("sample_size"), total("ntokens")
-        metrics.log_scalar("loss", total("loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)
-        metrics.log_scalar("nll_loss", total("nll_loss") / max(ntokens, 1) / math.log(2), ntokens, round=3)
-        metrics.log_derived("ppl", lambda m: utils.get_perplexity(m["nll_loss"].avg))
+        total = functools.partial(summed, logging_outputs)
+        _, ntokens = log_cross_entropy(logging_outputs)
         steps = total("dss_steps")
         if steps > 0:
             metrics.log_scalar("dss_eps", total("dss_eps") / steps, steps, round=4)

@@ -8,14 +8,15 @@ Logged: ``loss`` (with the penalty), ``nll_loss`` (the CE), ``ppl``, and the mea
 and variance of log Z over target tokens (``log_z_mean``, ``log_z_var``: the
 columns of Table 5.1), in training and validation.
 """
-import math
+import functools
 from dataclasses import dataclass, field
 
-from fairseq import metrics, utils
+from fairseq import metrics
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
 from omegaconf import II
 
+from fairseq_ext.criterions.logged_metrics import log_cross_entropy, summed
 from fairseq_ext.core.token_losses import self_normalized_nll
 from fairseq_ext.runtime.validation import check_options
 
@@ -49,13 +50,8 @@ class SelfNormalizedCECriterion(FairseqCriterion):
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
-        def total(key):
-            return utils.item(sum(log.get(key, 0) for log in logging_outputs))
-
-        sample_size, ntokens = max(total("sample_size"), 1), max(total("ntokens"), 1)
-        metrics.log_scalar("loss", total("loss") / sample_size / math.log(2), sample_size, round=3)
-        metrics.log_scalar("nll_loss", total("nll_loss") / ntokens / math.log(2), ntokens, round=3)
-        metrics.log_derived("ppl", lambda m: utils.get_perplexity(m["nll_loss"].avg))
+        total = functools.partial(summed, logging_outputs)
+        _, ntokens = log_cross_entropy(logging_outputs)
         # exact over the whole epoch: sums, then derived statistics
         metrics.log_scalar_sum("_log_z_n", ntokens)
         metrics.log_scalar_sum("_log_z_sum", total("log_z_sum"))

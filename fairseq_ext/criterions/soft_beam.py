@@ -31,13 +31,15 @@ hinge's gold pass keeps the model's dropout. The criterion keeps its
 Logged: ``loss``, ``beam_cost`` (the Hamming cost of the soft beam's decoded
 best hypothesis, hard backpointers: section 4.3.4), ``soft_beam_alpha``.
 """
+import functools
 from dataclasses import dataclass, field
 
 import torch
-from fairseq import metrics, utils
+from fairseq import metrics
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum
 
+from fairseq_ext.criterions.logged_metrics import summed
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.constraints import above, at_least
 from fairseq_ext.core.schedules import ALPHA_SCHEDULES, interpolated
@@ -188,9 +190,7 @@ class _SoftBeamCriterion(FairseqCriterion):
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
-        def total(key):
-            return utils.item(sum(log.get(key, 0) for log in logging_outputs))
-
+        total = functools.partial(summed, logging_outputs)
         nsent = max(total("nsentences"), 1)
         metrics.log_scalar("loss", total("loss") / nsent, nsent, round=4)
         metrics.log_scalar("beam_cost", total("beam_cost") / nsent, nsent, round=4)

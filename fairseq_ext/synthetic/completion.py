@@ -53,12 +53,6 @@ def stop_probability() -> List[float]:
     return p
 
 
-def greedy_stops(a: int) -> bool:
-    """Whether greedy decoding of the true distribution ends the line after word a."""
-    p = stop_probability()[a]
-    return p > (1 - p) * DOMINANT
-
-
 def sample_line(rng: random.Random, max_words: int = 60) -> str:
     """One line: a walk of the chain (first word uniform) ended by '.'."""
     s, p = successor(), stop_probability()
