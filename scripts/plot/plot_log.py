@@ -33,6 +33,9 @@ from fairseq_ext.runtime.cli import ConfigError
 
 
 def main(argv=None) -> None:
+    from fairseq_ext.runtime import cli
+
+    cli.install()  # a ConfigError ends the command with one line, exit 2
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("logs", nargs="+", help="fairseq-train logs written with --log-format json")
     what = p.add_mutually_exclusive_group(required=True)

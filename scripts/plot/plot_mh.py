@@ -160,6 +160,9 @@ def reference_line(spec: str):
 
 
 def main():
+    from fairseq_ext.runtime import cli
+
+    cli.install()  # a ConfigError ends the command with one line, exit 2
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="stats files (--mh-stats-file), or a seed's --json in its place (*.json); "
                    "one run's seeds joined by commas")

@@ -172,6 +172,9 @@ def markdown_bleu_details(result: dict) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
+    from fairseq_ext.runtime import cli
+
+    cli.install()  # a ConfigError ends the command with one line, exit 2
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("systems", nargs="+", metavar="LABEL=FILE[,FILE...]", help="one file per seed")

@@ -196,6 +196,9 @@ def plot(res: dict, records: List[dict], prefix: str) -> List[str]:
 
 
 def main(argv=None) -> None:
+    from fairseq_ext.runtime import cli
+
+    cli.install()  # a ConfigError ends the command with one line, exit 2
     parser = options.get_generation_parser(default_task="residual_lm")
     group = parser.add_argument_group("eval_residual")
     group.add_argument("--num-samples", type=int, default=64, help="n base-LM samples per prefix for log Z")

@@ -11,6 +11,9 @@ COLUMNS = [("bleu", "BLEU", "{:.2f}"), ("sentence_bleu", "sBLEU", "{:.2f}"), ("e
 
 
 def main(argv):
+    from fairseq_ext.runtime import cli
+
+    cli.install()  # a ConfigError ends the command with one line, exit 2
     if not argv:
         sys.exit("usage: print_table.py LABEL=FILE.json [LABEL=FILE.json ...]")
     rows = []
