@@ -70,6 +70,7 @@ done
 {
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%d), $(nproc --all) cores," \
     "OMP_NUM_THREADS=1, JOBS=$JOBS"
-  echo "RUNS=\"$RUNS\" SEEDS=\"$SEEDS\" UPDATES=$UPDATES VALIDATE_EVERY=$VALIDATE_EVERY bash examples/mgs/selection.sh WORK"
+  echo "RUNS=\"$RUNS\" SEEDS=\"$SEEDS\" UPDATES=$UPDATES VALIDATE_EVERY=$VALIDATE_EVERY RESULTS=$RESULTS" \
+    "bash examples/mgs/selection.sh WORK"
 } > "$RESULTS/command.txt"
 "$PYTHON" scripts/report/selection_table.py "$RESULTS" | tee "$RESULTS/selection.md"
