@@ -1,0 +1,84 @@
+"""Options of MRT and PG that no recipe sets, shown to do what docs/mgs.md says, through the
+criterion fairseq builds from the command line (limit cases, each beside the default as the
+control):
+
+* ``--mrt-topk 1`` / ``--pg-topk 1``: sampling from the top-1 token is greedy decoding, so every
+  candidate is the greedy output; at the default (0: the full distribution) the same seed draws
+  candidates that differ from it.
+* ``--mrt-max-len-ratio`` / ``--pg-max-len-ratio``: no candidate is longer than
+  ceil(ratio x the batch's longest reference) tokens (EOS included); the untrained model's
+  samples run to the limit, so halving the ratio shortens the longest candidate;
+* ``--mrt-length-normalize`` (q from the mean token log-probability) and ``--mrt-normalize-costs``
+  (each input's costs min-max scaled to [0, 1]): MRT's risk on two fixed candidates, by hand for
+  each combination.
+"""
+import math
+
+import pytest
+import torch
+
+from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
+from fairseq_ext.synthetic import tiny_models
+
+OPTIONS = {"mrt": ["--criterion", "mrt", "--mrt-candidates", "4", "--mrt-decoder", "sample"],
+           "pg": ["--criterion", "pg", "--pg-samples", "4"]}
+
+
+def _candidates(toy_bin, method, extra=()):
+    task, model, args = tiny_models.build_task_and_model(toy_bin, "translation", "transformer",
+                                                         [*OPTIONS[method], *extra, "--dropout", "0"], seed=2)
+    task.load_dataset("valid")
+    ds = task.dataset("valid")
+    sample = ds.collater([ds[i] for i in range(6)])
+    crit = task.build_criterion(args)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        cand, batch = crit.scorer.decode(model.eval(), sample, crit.decode_cfg)
+        greedy = decode_candidates(model, batch, DecodeConfig(max_len_ref_ratio=crit.decode_cfg.max_len_ref_ratio))
+    longest = int(sample["target"].ne(task.target_dictionary.pad()).sum(1).max())
+    return cand, greedy, longest
+
+
+def _rows(c):
+    return [tuple(r.tolist()) for r in c.as_list()]
+
+
+@pytest.mark.parametrize("method", ["mrt", "pg"])
+def test_topk_one_samples_the_greedy_output(toy_bin, method):
+    cand, greedy, _ = _candidates(toy_bin, method, [f"--{method}-topk", "1"])
+    n = cand.num_per_input
+    assert n == 4 and _rows(cand) == [row for row in _rows(greedy) for _ in range(n)]
+    full, greedy_full, _ = _candidates(toy_bin, method)
+    assert _rows(greedy_full) == _rows(greedy)
+    assert _rows(full) != [row for row in _rows(greedy_full) for _ in range(n)]  # the control: sampling differs
+
+
+@pytest.mark.parametrize("method", ["mrt", "pg"])
+def test_max_len_ratio_bounds_the_candidates(toy_bin, method):
+    short, _, longest = _candidates(toy_bin, method, [f"--{method}-max-len-ratio", "0.5"])
+    default, _, _ = _candidates(toy_bin, method)
+    assert int(short.lengths.max()) <= math.ceil(0.5 * longest)
+    assert int(default.lengths.max()) <= math.ceil(1.3 * longest)
+    assert int(default.lengths.max()) > math.ceil(0.5 * longest)  # the control: the default lets them run longer
+
+
+def _mrt(toy_bin, extra):
+    task, _, args = tiny_models.build_task_and_model(toy_bin, "translation", "transformer",
+                                                     ["--criterion", "mrt", "--mrt-alpha", "1", *extra], seed=2)
+    return task.build_criterion(args)
+
+
+@pytest.mark.parametrize("flags,expected", [
+    ([], 0.2 * 0.880797 + 0.6 * 0.119203),  # q = softmax(-2, -4): (0.8808, 0.1192)
+    (["--mrt-length-normalize"], 0.5 * 0.2 + 0.5 * 0.6),  # log p / length = (-1, -1): q uniform
+    (["--mrt-normalize-costs"], 0.0 * 0.880797 + 1.0 * 0.119203),  # costs min-max -> (0, 1)
+    (["--mrt-length-normalize", "--mrt-normalize-costs"], 0.5),
+])
+def test_mrt_length_normalize_and_normalize_costs_by_hand(toy_bin, flags, expected):
+    """One input, two distinct candidates of 2 and 4 tokens, log p (-2, -4), costs (0.2, 0.6), alpha 1:
+    the risk E_q[c] by hand for each combination of the two flags."""
+    crit = _mrt(toy_bin, flags)
+    hyps = [torch.tensor([4, 5]), torch.tensor([6, 7, 8, 9])]
+    risk, logged = crit.estimator(None, None, hyps, torch.tensor([[-2.0, -4.0]]), torch.tensor([[0.2, 0.6]]))
+    assert float(risk.sum()) == pytest.approx(expected, abs=1e-5)
+    assert logged["distinct"] == 2
