@@ -1,4 +1,4 @@
-"""Options of MRT and PG that no recipe sets, shown to do what docs/mgs.md says, through the
+"""Options of MRT, PG and MBR that no recipe sets, shown to do what docs/mgs.md says, through the
 criterion fairseq builds from the command line (limit cases, each beside the default as the
 control):
 
@@ -10,7 +10,9 @@ control):
   samples run to the limit, so halving the ratio shortens the longest candidate;
 * ``--mrt-length-normalize`` (q from the mean token log-probability) and ``--mrt-normalize-costs``
   (each input's costs min-max scaled to [0, 1]): MRT's risk on two fixed candidates, by hand for
-  each combination.
+  each combination;
+* ``--mbr-topk 1``, ``--mbr-topp`` near 0, ``--mbr-temperature`` near 0: every candidate
+  translation_mbr samples is the greedy output; the default sampling draws others.
 """
 import math
 
@@ -82,3 +84,32 @@ def test_mrt_length_normalize_and_normalize_costs_by_hand(toy_bin, flags, expect
     risk, logged = crit.estimator(None, None, hyps, torch.tensor([[-2.0, -4.0]]), torch.tensor([[0.2, 0.6]]))
     assert float(risk.sum()) == pytest.approx(expected, abs=1e-5)
     assert logged["distinct"] == 2
+
+
+def _mbr_candidates(toy_bin, extra=()):
+    """The candidates translation_mbr's generator samples (``--mbr-candidates sample``, 4 an input) for 6
+    valid sentences, and the greedy outputs under the same length limits."""
+    import argparse
+
+    task, model, args = tiny_models.build_task_and_model(
+        toy_bin, "translation_mbr", "transformer", ["--mbr-candidates", "sample", "--mbr-num-candidates", "4",
+                                                    *extra, "--dropout", "0"], seed=2)
+    task.load_dataset("valid")
+    ds = task.dataset("valid")
+    sample = ds.collater([ds[i] for i in range(6)])
+    gen = task.build_generator([model.eval()], argparse.Namespace(**vars(args), beam=1, max_len_a=1.0, max_len_b=5))
+    cfg = gen.candidate_cfg
+    greedy_cfg = DecodeConfig(max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, min_len=cfg.min_len)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        return decode_candidates(model, sample, cfg), decode_candidates(model, sample, greedy_cfg)
+
+
+@pytest.mark.parametrize("flags", [["--mbr-topk", "1"], ["--mbr-topp", "1e-6"], ["--mbr-temperature", "1e-4"]])
+def test_mbr_sampling_limits_give_the_greedy_output(toy_bin, flags):
+    """--mbr-topk 1, a nucleus of almost no mass, a temperature near 0: each candidate is the greedy output;
+    the default sampling (the control) draws others."""
+    cand, greedy = _mbr_candidates(toy_bin, flags)
+    assert _rows(cand) == [row for row in _rows(greedy) for _ in range(4)]
+    full, _ = _mbr_candidates(toy_bin)
+    assert _rows(full) != [row for row in _rows(greedy) for _ in range(4)]
