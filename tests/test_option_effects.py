@@ -1,4 +1,4 @@
-"""Options of MRT, PG and MBR that no recipe sets, shown to do what docs/mgs.md says, through the
+"""Options of MRT, PG, MBR and DSS that no recipe sets, shown to do what docs/mgs.md says, through the
 criterion fairseq builds from the command line (limit cases, each beside the default as the
 control):
 
@@ -12,7 +12,8 @@ control):
   (each input's costs min-max scaled to [0, 1]): MRT's risk on two fixed candidates, by hand for
   each combination;
 * ``--mbr-topk 1``, ``--mbr-topp`` near 0, ``--mbr-temperature`` near 0: every candidate
-  translation_mbr samples is the greedy output; the default sampling draws others.
+  translation_mbr samples is the greedy output; the default sampling draws others;
+* ``--dss-min-eps`` floors DSS's eps and ``--dss-alpha-max`` caps its alpha (by hand after 10 updates).
 """
 import math
 
@@ -113,3 +114,19 @@ def test_mbr_sampling_limits_give_the_greedy_output(toy_bin, flags):
     assert _rows(cand) == [row for row in _rows(greedy) for _ in range(4)]
     full, _ = _mbr_candidates(toy_bin)
     assert _rows(full) != [row for row in _rows(greedy) for _ in range(4)]
+
+
+@pytest.mark.parametrize("flags,expected", [
+    ([], (0.0, 1e4)),  # the control: eps 1 - 0.5 x 10 -> 0; alpha 2 x 3^10 = 118098 -> the default cap 1e4
+    (["--dss-min-eps", "0.3", "--dss-alpha-max", "50"], (0.3, 50.0)),
+])
+def test_dss_min_eps_and_alpha_max_floor_and_cap_the_schedules(toy_bin, flags, expected):
+    """After 10 updates of --dss-schedule linear (slope 0.5) and alpha 2 x 3^t: eps is floored at
+    --dss-min-eps and alpha capped at --dss-alpha-max, by hand."""
+    task, _, args = tiny_models.build_task_and_model(toy_bin, "translation", "transformer", [
+        "--criterion", "differentiable_scheduled_sampling", "--dss-schedule", "linear", "--dss-decay-slope", "0.5",
+        "--dss-schedule-unit", "update", "--dss-warmup", "0", "--dss-alpha", "2", "--dss-alpha-growth", "3", *flags])
+    crit = task.build_criterion(args)
+    crit.clock.num_updates = 10
+    eps, alpha = crit.schedule_values()
+    assert (eps, alpha) == pytest.approx(expected)
