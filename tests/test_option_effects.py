@@ -1,4 +1,4 @@
-"""Options of MRT, PG, MBR and DSS that no recipe sets, shown to do what docs/mgs.md says, through the
+"""Options of MRT, PG, MBR, DSS and two tasks that no recipe sets, shown to do what docs/mgs.md says, through the
 criterion fairseq builds from the command line (limit cases, each beside the default as the
 control):
 
@@ -13,7 +13,9 @@ control):
   each combination;
 * ``--mbr-topk 1``, ``--mbr-topp`` near 0, ``--mbr-temperature`` near 0: every candidate
   translation_mbr samples is the greedy output; the default sampling draws others;
-* ``--dss-min-eps`` floors DSS's eps and ``--dss-alpha-max`` caps its alpha (by hand after 10 updates).
+* ``--dss-min-eps`` floors DSS's eps and ``--dss-alpha-max`` caps its alpha (by hand after 10 updates);
+* ``--completion-loss``: the prefix targets are padding (continuation) or the line (line);
+* ``--tagging-min-word-count``: the words kept in sequence_tagging's vocabulary, counted from the file.
 """
 import math
 
@@ -130,3 +132,43 @@ def test_dss_min_eps_and_alpha_max_floor_and_cap_the_schedules(toy_bin, flags, e
     crit.clock.num_updates = 10
     eps, alpha = crit.schedule_values()
     assert (eps, alpha) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("loss", ["continuation", "line"])
+def test_completion_loss_masks_the_prefix_targets_or_not(toy_lm_bin, loss):
+    """--completion-loss continuation: the first k target positions (the prefix) are padding, the
+    rest is the line; line: the whole line is the target (k = --completion-context-size 3)."""
+    task, _, _ = tiny_models.build_task_and_model(toy_lm_bin, "text_completion", "transformer_lm", [
+        "--completion-context-size", "3", "--completion-loss", loss, "--tokens-per-sample", "64"])
+    task.load_dataset("valid")
+    item = task.dataset("valid")[0]
+    line, target, pad = item["source"][1:], item["target"], task.target_dictionary.pad()
+    assert torch.equal(target[3:-1], line[3:]) and target[-1] == task.target_dictionary.eos()
+    if loss == "continuation":
+        assert target[:3].eq(pad).all()
+    else:
+        assert torch.equal(target[:3], line[:3]) and not target.eq(pad).any()
+
+
+def test_tagging_min_word_count_sets_the_vocabulary(conll, tmp_path):
+    """--tagging-min-word-count n keeps the training words seen at least n times (counted here from the
+    training file's first column): 1 keeps every word, 10 drops those seen fewer times (the toy corpus's
+    rarest words are seen 9 times)."""
+    from collections import Counter
+
+    from fairseq import options, tasks
+
+    words = Counter(line.split()[0] for line in open(f"{conll}/train.txt")
+                    if line.strip() and not line.startswith("-DOCSTART-"))
+    rare = [w for w, c in words.items() if c < 10]
+    assert rare and len(words) > len(rare)
+    sizes = {}
+    for n in (1, 10):
+        args = options.parse_args_and_arch(options.get_training_parser(), [
+            conll, "--task", "sequence_tagging", "--tagging-cache-dir", str(tmp_path / f"c{n}"), "--arch",
+            "tagging_lstm_tiny", "--tagging-min-word-count", str(n)])
+        d = tasks.setup_task(args).source_dictionary
+        sizes[n] = sum(not w.startswith("madeupword") for w in d.symbols[d.nspecial:])  # fairseq pads to 8
+        assert all(d.index(w) != d.unk() for w, c in words.items() if c >= n)
+        assert all((d.index(w) == d.unk()) == (n == 10) for w in rare)
+    assert sizes == {1: len(words), 10: len(words) - len(rare)}
