@@ -1,4 +1,4 @@
-"""Options of MRT, PG, MBR, DSS and two tasks that no recipe sets, shown to do what docs/mgs.md says, through the
+"""Options of MRT, PG, MGS, MBR, DSS and two tasks that no recipe sets, shown to do what docs/mgs.md says, through the
 criterion fairseq builds from the command line (limit cases, each beside the default as the
 control):
 
@@ -15,7 +15,8 @@ control):
   translation_mbr samples is the greedy output; the default sampling draws others;
 * ``--dss-min-eps`` floors DSS's eps and ``--dss-alpha-max`` caps its alpha (by hand after 10 updates);
 * ``--completion-loss``: the prefix targets are padding (continuation) or the line (line);
-* ``--tagging-min-word-count``: the words kept in sequence_tagging's vocabulary, counted from the file.
+* ``--tagging-min-word-count``: the words kept in sequence_tagging's vocabulary, counted from the file;
+* ``--mgs-beam`` with ``--mgs-decoder beam``: a beam of 1 is MGS's greedy decode, the default 4 is not.
 """
 import math
 
@@ -172,3 +173,24 @@ def test_tagging_min_word_count_sets_the_vocabulary(conll, tmp_path):
         assert all(d.index(w) != d.unk() for w, c in words.items() if c >= n)
         assert all((d.index(w) == d.unk()) == (n == 10) for w in rare)
     assert sizes == {1: len(words), 10: len(words) - len(rare)}
+
+
+def test_mgs_beam_sets_the_beam_of_mgs_beam_decoder(toy_bin):
+    """--mgs-decoder beam decodes each parameter set with a beam of --mgs-beam: a beam of 1 is MGS's
+    greedy decode; the default beam of 4 (the control) finds other outputs for some inputs."""
+    outputs = {}
+    for beam in ("1", "4"):
+        task, model, args = tiny_models.build_task_and_model(toy_bin, "translation", "transformer", [
+            "--criterion", "mgs", "--mgs-decoder", "beam", "--mgs-beam", beam, "--dropout", "0"], seed=2)
+        task.load_dataset("valid")
+        ds = task.dataset("valid")
+        sample = ds.collater([ds[i] for i in range(6)])
+        crit = task.build_criterion(args)
+        with torch.no_grad():
+            cand, batch = crit.scorer.decode(model.eval(), sample, crit.decode_cfg)
+            greedy, _ = crit.scorer.decode(model, sample, crit.greedy_cfg)
+        eos = task.target_dictionary.eos()
+        strip = lambda rows: [r[:-1] if r and r[-1] == eos else r for r in rows]  # noqa: E731
+        outputs[beam] = (strip(_rows(cand)), strip(_rows(greedy)))  # beam search ends a full-length row with EOS
+    assert outputs["1"][0] == outputs["1"][1]
+    assert outputs["4"][1] == outputs["1"][1] and outputs["4"][0] != outputs["4"][1]
