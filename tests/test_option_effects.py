@@ -1,4 +1,4 @@
-"""Options of MRT, PG, MGS, MBR, DSS and two tasks that no recipe sets, shown to do what docs/mgs.md says, through the
+"""Options of MRT, PG, MGS, MBR, DSS, residual NCE and two tasks that no recipe sets, shown to do what docs/mgs.md says, through the
 criterion fairseq builds from the command line (limit cases, each beside the default as the
 control):
 
@@ -16,7 +16,8 @@ control):
 * ``--dss-min-eps`` floors DSS's eps and ``--dss-alpha-max`` caps its alpha (by hand after 10 updates);
 * ``--completion-loss``: the prefix targets are padding (continuation) or the line (line);
 * ``--tagging-min-word-count``: the words kept in sequence_tagging's vocabulary, counted from the file;
-* ``--mgs-beam`` with ``--mgs-decoder beam``: a beam of 1 is MGS's greedy decode, the default 4 is not.
+* ``--mgs-beam`` with ``--mgs-decoder beam``: a beam of 1 is MGS's greedy decode, the default 4 is not;
+* ``--nce-neg-weighting``: residual NCE's negatives averaged or added, by hand.
 """
 import math
 
@@ -194,3 +195,21 @@ def test_mgs_beam_sets_the_beam_of_mgs_beam_decoder(toy_bin):
         outputs[beam] = (strip(_rows(cand)), strip(_rows(greedy)))  # beam search ends a full-length row with EOS
     assert outputs["1"][0] == outputs["1"][1]
     assert outputs["4"][1] == outputs["1"][1] and outputs["4"][0] != outputs["4"][1]
+
+
+@pytest.mark.parametrize("weighting,expected", [
+    ("mean", 1.313262 + (0.126928 + 0.048587) / 2),  # softplus(1) + mean of softplus(-2), softplus(-3)
+    ("sum", 1.313262 + 0.126928 + 0.048587),
+])
+def test_nce_neg_weighting_by_hand(weighting, expected):
+    """residual_nce's loss for one prefix with energies E+ = 1 and E- = (2, 3) (a stand-in model whose
+    energy is a row's first token): the negatives' terms averaged (mean) or added (sum)."""
+    from types import SimpleNamespace
+
+    from fairseq_ext.criterions.residual_nce import ResidualNCECriterion
+
+    task = SimpleNamespace(target_dictionary=None, require_negatives=lambda option: None)
+    crit = ResidualNCECriterion(task, nce_neg_weighting=weighting)
+    sample = {"positive": torch.tensor([[1, 9]]), "negatives": torch.tensor([[[2, 9], [3, 9]]]), "ntokens": 2}
+    loss, size, _ = crit(lambda rows: rows[:, 0].double(), sample)
+    assert size == 1 and float(loss) == pytest.approx(expected, abs=1e-5)
