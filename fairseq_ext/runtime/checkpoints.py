@@ -45,6 +45,7 @@ refuses one with nothing to train), and the task's state (``task_state``) is res
 The errors are ``ConfigError`` subclasses: a plugin command ends with their one line, exit
 status 2 (``runtime.cli``); elsewhere they are exceptions whose message names the file.
 """
+import contextlib
 import functools
 import inspect
 import logging
@@ -53,7 +54,7 @@ import pickle
 import re
 import shutil
 import types
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -137,14 +138,20 @@ def state_dict_mismatch(path: str, error: BaseException, task_dictionaries=()) -
     return f"{path}: does not fit the model ({detail}; were --arch and the model options the ones it was trained with?)"
 
 
-def _task_dictionaries(task) -> list:
-    out = []
-    for name in ("source_dictionary", "target_dictionary"):
-        try:
-            out.append(getattr(task, name, None))
-        except (NotImplementedError, AttributeError, KeyError):
-            pass
-    return out
+@contextlib.contextmanager
+def _mismatch_named(path: str, task) -> Iterator[None]:
+    """Inside the block, an error of ``load_state_dict`` (or one it caused) is raised as
+    ``ModelMismatch`` naming its cause in ``path`` (``state_dict_mismatch``, the sizes read
+    against ``task``'s dictionaries); any other error propagates as it is."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as e:
+        message = state_dict_mismatch(path, e, dictionaries.task_dictionaries(task).values())
+        if message is None:
+            raise
+        raise ModelMismatch(message) from e
 
 
 _UNREADABLE = ("PytorchStreamReader", "zip archive", "central directory", "invalid load key", "unpickling")
@@ -225,38 +232,19 @@ def _wrap_load_model_ensemble_and_task(original: Callable) -> Callable:
     @functools.wraps(original)
     def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, strict=True, suffix="", num_shards=1,
                                      state=None, *args, **kwargs):
-        def mismatch(error: Exception, name: str, task) -> Optional[ModelMismatch]:
-            message = state_dict_mismatch(name, error, _task_dictionaries(task))
-            return None if message is None else ModelMismatch(message)
-
         if state is not None or num_shards != 1:  # a state in hand, or shards: fairseq's loop as it is
-            try:
+            with _mismatch_named(" or ".join(map(str, filenames)), task):
                 return original(filenames, arg_overrides, task, strict, suffix, num_shards, state, *args, **kwargs)
-            except ConfigError:
-                raise
-            except Exception as e:
-                error = mismatch(e, " or ".join(map(str, filenames)), task)
-                if error is None:
-                    raise
-                raise error from e
         # one file at a time, each with its own state, so that its saved fingerprints are checked
-        # against the task (built from the first file, as fairseq does)
+        # against the task (built from the first file, as fairseq does); a missing file is
+        # CheckpointNotFound from load_checkpoint_to_cpu
         ensemble, cfg = [], None
         for name in filenames:
             path = checkpoint_utils.get_maybe_sharded_checkpoint_filename(name, suffix, 0, 1)
-            if not checkpoint_utils.PathManager.exists(path):
-                raise CheckpointNotFound(f"{path}: no such checkpoint file")
             held = checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides)
             saved = dictionaries.saved_fingerprints(held.get("extra_state"))
-            try:
+            with _mismatch_named(str(path), task):
                 models, cfg, task = original([name], arg_overrides, task, strict, suffix, 1, held, *args, **kwargs)
-            except ConfigError:
-                raise
-            except Exception as e:
-                error = mismatch(e, str(path), task)
-                if error is None:
-                    raise
-                raise error from e
             dictionaries.check(str(path), saved, task)
             ensemble.extend(models)
         return ensemble, cfg, task
@@ -283,18 +271,11 @@ def _wrap_trainer_load_checkpoint(original: Callable) -> Callable:
     @functools.wraps(original)
     def load_checkpoint(self, filename, reset_optimizer=False, reset_lr_scheduler=False, optimizer_overrides=None,
                         reset_meters=False, **kwargs):
-        try:
+        with _mismatch_named(filename, self.task):
             extra_state = original(self, filename, reset_optimizer, reset_lr_scheduler, optimizer_overrides,
                                    reset_meters=reset_meters, **kwargs)
-        except ConfigError:
-            raise
-        except Exception as e:
-            message = state_dict_mismatch(filename, e, _task_dictionaries(self.task))
-            if message is None:
-                raise
-            raise ModelMismatch(message) from e
+        dictionaries.check(filename, dictionaries.saved_fingerprints(extra_state), self.task)
         mine = _plugin_state(extra_state)
-        dictionaries.check(filename, mine.get("dictionaries"), self.task)
         criterion = self.get_criterion()
         if extra_state is not None and not reset_meters and _is_plugin(criterion):  # a resume: its options go on
             _warn_changed_criterion(filename, mine.get("criterion_options"), _criterion_options(self.cfg.criterion))

@@ -44,7 +44,7 @@ def fingerprint(dictionary) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
-def _task_dictionaries(task) -> Dict[str, object]:
+def task_dictionaries(task) -> Dict[str, object]:
     """{side: Dictionary} of a task: "source" and "target", or, for a task with a dictionary per
     language (``dicts``: ``multilingual_translation``), "dict.LANG" for each language."""
     per_language = getattr(task, "dicts", None)
@@ -55,7 +55,7 @@ def _task_dictionaries(task) -> Dict[str, object]:
     for side in SIDES:
         try:
             d = getattr(task, f"{side}_dictionary", None)
-        except (NotImplementedError, AttributeError):
+        except (NotImplementedError, AttributeError, KeyError):
             d = None
         if d is not None and hasattr(d, "symbols"):
             out[side] = d
@@ -64,7 +64,7 @@ def _task_dictionaries(task) -> Dict[str, object]:
 
 def fingerprints(task) -> Dict[str, dict]:
     """{"source": {"fingerprint", "size"}, "target": ...} of a task's dictionaries (the sides it has)."""
-    return {side: {"fingerprint": fingerprint(d), "size": len(d)} for side, d in _task_dictionaries(task).items()}
+    return {side: {"fingerprint": fingerprint(d), "size": len(d)} for side, d in task_dictionaries(task).items()}
 
 
 def saved_fingerprints(extra_state) -> Optional[Dict[str, dict]]:
