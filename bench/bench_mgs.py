@@ -31,7 +31,7 @@ through shared caches and memory bandwidth) and wall time on CUDA.
 
 The breakdown times the step's parts separately on the same batch and model,
 through the criterion's own objects and ``fairseq_ext.core.parameter_search`` (the criterion is
-not modified): decode (one ``scorer.decode``) and score (one edit cost
+not modified): decode (one ``decode_batch``) and score (one edit cost
 over the batch), each x (K + 1); the MLE gradient (``_mle_gradient`` + ``clip_grad_``);
 perturb/restore (entering and leaving ``ParameterSearch.perturbed(k)`` for the K
 candidates, including the one backup), of which ``draw`` is drawing every
@@ -80,6 +80,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEn
 from fairseq_ext.synthetic import tiny_models, toy
 from fairseq_ext.core.parameter_search import ParameterSearch, clip_grad_
 from fairseq_ext.criterions.mgs import MGSCriterion
+from fairseq_ext.decoding.batch import decode_batch
 from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
 
 import timing  # bench/timing.py, beside this script
@@ -155,7 +156,8 @@ def median_ms(fns: Dict[str, Callable], warmup: int, repeats: int, device: torch
 def breakdown(model, sample: Dict, crit: MGSCriterion, args, device: torch.device) -> Dict[str, float]:
     """Median ms of the MGS step's parts, each timed on its own (see the module docstring)."""
     k = crit.proposal.num_candidates
-    cand, batch = crit.scorer.decode(model, sample, crit.decode_cfg)
+    decoded = decode_batch(model, sample, crit.decode_cfg)
+    cand, batch = decoded.candidates, decoded.batch
     params, grads, _, _ = crit._mle_gradient(model, sample)
     clip_grad_(grads, crit.mle_clip)
     uniform = torch.full((k,), 1.0 / k, dtype=torch.float64)
@@ -186,7 +188,7 @@ def breakdown(model, sample: Dict, crit: MGSCriterion, args, device: torch.devic
         return timed(lambda: sum((p * (-x)).sum() for p, x in zip(params, search.split(d))).backward(), device)
 
     parts = {
-        "decode": lambda: crit.scorer.decode(model, sample, crit.decode_cfg),
+        "decode": lambda: decode_batch(model, sample, crit.decode_cfg),
         "score": lambda: crit.scorer.score(cand.as_list(), cand.source_index, batch),
         "mle_grad": mle_grad,
         "perturb_restore": perturb_restore,

@@ -79,6 +79,7 @@ def _greedy_cost(work, run, cost):
 
     from fairseq_ext.decoding.candidates import DecodeConfig
     from fairseq_ext.costs.batch_scorer import BatchScorer
+    from fairseq_ext.decoding.batch import decode_batch
 
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(work / f"ckpt_{run}" / "checkpoint_last.pt")], arg_overrides={"data": str(work / "bin")})
@@ -88,7 +89,8 @@ def _greedy_cost(work, run, cost):
     for start in range(0, len(ds), 50):
         sample = ds.collater([ds[i] for i in range(start, min(start + 50, len(ds)))])
         with torch.no_grad():
-            cand, batch = scorer.decode(models[0].eval(), sample, DecodeConfig(max_len_b=40))
+            decoded = decode_batch(models[0].eval(), sample, DecodeConfig(max_len_b=40))
+            cand, batch = decoded.candidates, decoded.batch
             per = scorer.score(cand.as_list(), cand.source_index, batch)[1]
         total, nonterm = total + per[cost].sum().item(), nonterm + per["nonterm"].sum().item()
     return total / len(ds), nonterm / len(ds)

@@ -267,7 +267,7 @@ def test_static_cache_decoding_on_cuda(arch, toy_bin, toy_lm_bin):
 
     from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
     from fairseq_ext.decoding.paths import decoder_step, unsupported_reason
-    from fairseq_ext.costs.batch_scorer import BatchScorer
+    from fairseq_ext.decoding.batch import decode_inputs
 
     data, task_name, extra = ((toy_bin, "translation", []) if arch in ("transformer", "lstm")
                               else (toy_lm_bin, "text_completion", ["--completion-context-size", "3"]))
@@ -277,7 +277,7 @@ def test_static_cache_decoding_on_cuda(arch, toy_bin, toy_lm_bin):
     task.load_dataset("valid")
     ds = task.dataset("valid")
     sample = utils.move_to_cuda(ds.collater([ds[i] for i in range(12)]))
-    batch, prefix = BatchScorer(task, "edit").decode_inputs(sample, task.target_dictionary)
+    batch, prefix = decode_inputs(sample, task.target_dictionary)
     d = task.target_dictionary
     with torch.no_grad():
         if arch in ("transformer", "lstm"):

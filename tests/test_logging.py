@@ -140,7 +140,7 @@ def test_output_shape_hand_values():
     5656 (2 unique of 3: rep 1/3); 7 has none (rep 0). EOS (2) and padding (1) are not counted."""
     import torch
 
-    from fairseq_ext.costs.batch_scorer import output_shape
+    from fairseq_ext.criterions.logged_metrics import output_shape
 
     hyps = [torch.tensor([5, 6, 5, 6, 5, 6, 2]), torch.tensor([7, 2])]
     refs = [torch.tensor([5, 6, 7, 2]), torch.tensor([9, 2])]

@@ -24,6 +24,7 @@ import math
 import pytest
 import torch
 
+from fairseq_ext.decoding.batch import decode_batch
 from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
 from fairseq_ext.synthetic import tiny_models
 
@@ -40,7 +41,8 @@ def _candidates(toy_bin, method, extra=()):
     crit = task.build_criterion(args)
     torch.manual_seed(5)
     with torch.no_grad():
-        cand, batch = crit.scorer.decode(model.eval(), sample, crit.decode_cfg)
+        decoded = decode_batch(model.eval(), sample, crit.decode_cfg)
+        cand, batch = decoded.candidates, decoded.batch
         greedy = decode_candidates(model, batch, DecodeConfig(max_len_ref_ratio=crit.decode_cfg.max_len_ref_ratio))
     longest = int(sample["target"].ne(task.target_dictionary.pad()).sum(1).max())
     return cand, greedy, longest
@@ -188,8 +190,8 @@ def test_mgs_beam_sets_the_beam_of_mgs_beam_decoder(toy_bin):
         sample = ds.collater([ds[i] for i in range(6)])
         crit = task.build_criterion(args)
         with torch.no_grad():
-            cand, batch = crit.scorer.decode(model.eval(), sample, crit.decode_cfg)
-            greedy, _ = crit.scorer.decode(model, sample, crit.greedy_cfg)
+            cand = decode_batch(model.eval(), sample, crit.decode_cfg).candidates
+            greedy = decode_batch(model, sample, crit.greedy_cfg).candidates
         eos = task.target_dictionary.eos()
         strip = lambda rows: [r[:-1] if r and r[-1] == eos else r for r in rows]  # noqa: E731
         outputs[beam] = (strip(_rows(cand)), strip(_rows(greedy)))  # beam search ends a full-length row with EOS

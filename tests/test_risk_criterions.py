@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fairseq_ext.synthetic import tiny_models
+from fairseq_ext.decoding.batch import Decoded, decode_batch
 from fairseq_ext.decoding.candidates import Candidates, DecodeConfig
 
 
@@ -59,7 +60,7 @@ def test_mrt_loss_by_hand_on_fixed_candidates(toy_bin):
     x = [edited(r, 1) for r in refs]
     z = edited(refs[1], 2)
     rows = [refs[0], x[0], x[0], x[1], z, x[1]]
-    crit.scorer.decode = lambda module, smp, cfg: (_fixed_candidates(rows, d.pad()), smp)
+    crit.decode = lambda module, smp: Decoded(_fixed_candidates(rows, d.pad()), smp)
     model.train()
     loss, sample_size, log = crit(model, sample)
 
@@ -84,7 +85,8 @@ def test_pg_greedy_baseline_is_the_greedy_cost(toy_bin):
                                                 "--pg-baseline", "greedy"])
     model.train()
     loss, _, log = crit(model, sample)
-    cand, batch = crit.scorer.decode(model, sample, DecodeConfig(max_len_ref_ratio=1.3))
+    decoded = decode_batch(model, sample, DecodeConfig(max_len_ref_ratio=1.3))
+    cand, batch = decoded.candidates, decoded.batch
     greedy_costs, _ = crit.scorer.score(cand.as_list(), cand.source_index, batch)
     assert abs(log["baseline"] - float(greedy_costs.sum())) < 1e-5
     loss.backward()

@@ -11,6 +11,7 @@ import torch
 from fairseq.data import Dictionary
 
 from fairseq_ext.synthetic import tiny_models, toy
+from fairseq_ext.decoding.batch import decode_batch
 from fairseq_ext.decoding.candidates import DecodeConfig
 from fairseq_ext.costs.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process
 from fairseq_ext.costs.batch_scorer import BatchScorer, parse_cost_spec
@@ -65,7 +66,8 @@ def test_batch_scorer_cache_follows_targets(untrained_models):
     scorer = BatchScorer(task, "edit=1,rep=0.5")
     cfg = DecodeConfig(max_len_b=8)
     for sample in (a, b, a):
-        cand, batch = scorer.decode(model, sample, cfg)
+        decoded = decode_batch(model, sample, cfg)
+        cand, batch = decoded.candidates, decoded.batch
         total, per = scorer.score(cand.as_list(), cand.source_index, batch)
         fresh = BatchScorer(task, "edit=1,rep=0.5").score(cand.as_list(), cand.source_index, batch)[0]
         assert torch.allclose(total, fresh)

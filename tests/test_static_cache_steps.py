@@ -31,7 +31,7 @@ from fairseq_ext.scoring.teacher_forced import sequence_log_probs
 from fairseq_ext.decoding.paths import decoder_step, unsupported_reason
 from fairseq_ext.decoding.transformer_step import TransformerStep
 from fairseq_ext.decoding.lstm_step import LSTMStep
-from fairseq_ext.costs.batch_scorer import BatchScorer
+from fairseq_ext.decoding.batch import decode_inputs
 from fairseq_ext.synthetic import tiny_models
 
 VARIANTS = {  # name: (architecture, options)
@@ -199,8 +199,7 @@ CONFIGS = [dict(), dict(strategy="sample", num_candidates=3), dict(strategy="sam
 
 def _decode_both(task, model, cfg):
     sample = _batch(task, 12)
-    scorer = BatchScorer(task, "edit")
-    batch, prefix = scorer.decode_inputs(sample, task.target_dictionary)
+    batch, prefix = decode_inputs(sample, task.target_dictionary)
     out = [decode_candidates(model, batch, DecodeConfig(path=PATH[lean], max_len_b=12, **cfg), prefix_tokens=prefix,
                              generator=torch.Generator().manual_seed(3)) for lean in (True, False)]
     return batch, prefix, out
@@ -294,7 +293,7 @@ def test_samples_and_greedy_in_one_decode_equal_two_decodes_on_fairseqs_path(tra
     task, model = translation if which == "transformer" else language_model
     model = _eos_biased(model, task, eos_bias)
     sample = _batch(task, 12)
-    batch, prefix = BatchScorer(task, "edit").decode_inputs(sample, task.target_dictionary)
+    batch, prefix = decode_inputs(sample, task.target_dictionary)
     cfg = dict(strategy="sample", num_candidates=3, topk=5, max_len_b=12)
     cand, greedy = decode_with_greedy(model, batch, DecodeConfig(**cfg), prefix_tokens=prefix,
                                       generator=torch.Generator().manual_seed(3))
@@ -405,7 +404,7 @@ def test_grouped_decode_equals_each_sets_decode_on_fairseqs_path(translation, la
     task, biased = translation if which == "transformer" else language_model
     kept = _count_reorders(monkeypatch)
     sample = _batch(task, 12)
-    batch, prefix = BatchScorer(task, "edit").decode_inputs(sample, task.target_dictionary)
+    batch, prefix = decode_inputs(sample, task.target_dictionary)
     for eos_bias, cfg in ((0.0, dict()), (2.0, dict()), (3.0, dict()), (4.0, dict()),
                           (0.0, dict(strategy="sample", num_candidates=2, topk=10)),
                           (3.0, dict(strategy="sample", num_candidates=2))):

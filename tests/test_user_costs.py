@@ -11,6 +11,7 @@ import torch
 import user_costs
 from conftest import REPO, run_cli_batch
 from fairseq_ext.core.task_losses import TASK_LOSSES, task_loss_class
+from fairseq_ext.decoding.batch import decode_batch
 from fairseq_ext.decoding.candidates import DecodeConfig
 from fairseq_ext.scoring.teacher_forced import sequence_log_probs
 from fairseq_ext.costs.batch_scorer import BatchScorer, parse_cost_spec
@@ -71,7 +72,8 @@ def test_neural_cost_set_up_once_prepared_once_per_batch_in_chunks_without_grad(
     ds = task.dataset("valid")
     other = ds.collater([ds[i] for i in range(5, 9)])
     for s in (sample, sample, sample, other):
-        cand, b = scorer.decode(model, s, cfg)
+        decoded = decode_batch(model, s, cfg)
+        cand, b = decoded.candidates, decoded.batch
         with torch.enable_grad():
             costs = scorer.score(cand.as_list(), cand.source_index, b)[0]
         fresh = BatchScorer(task, "user_costs:EmbeddingDistance").score(cand.as_list(), cand.source_index, b)[0]

@@ -1,10 +1,9 @@
-"""Decode-and-score for sequence-level criterions (MGS, MRT, PG) and validation.
+"""Scoring for sequence-level criterions (MGS, MRT, PG), MBR and validation.
 
-``BatchScorer`` turns a fairseq batch into per-sequence task losses of decoded
-candidates: it decodes with ``decoding.candidates`` (translation: from the
-source; ``text_completion``: continuing the prefix) and scores with a weighted sum
-of registered task losses (``--*-task-loss "edit"`` or ``"edit=1,rep=0.5"``)
-against the references (and the sources / prefixes for the ``lm`` cost).
+``BatchScorer`` turns candidates decoded for a fairseq batch (``decoding.batch``) into
+per-sequence task losses: a weighted sum of registered task losses (``--*-task-loss "edit"``
+or ``"edit=1,rep=0.5"``) against the references (and the sources / prefixes for the ``lm``
+cost). It scores what it is given; it decodes nothing.
 """
 import copy
 import logging
@@ -17,10 +16,8 @@ from torch import Tensor
 
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.task_losses import (TASK_LOSS_SPEC, parse_task_loss_spec, split_options, task_loss_class,
-                                          task_loss_names, unique_ngram_share)
+                                          task_loss_names)
 from fairseq_ext.runtime.distributed import unwrap
-from fairseq_ext.decoding.candidates import (Candidates, DecodeConfig, decode_candidates, decode_grouped, decode_with_greedy,
-                                             prefix_sample)
 from fairseq_ext.costs.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process, text_tools
 
 logger = logging.getLogger(__name__)
@@ -45,15 +42,6 @@ def continues_prefixes(task) -> bool:
     """Whether ``task``'s batches carry prompts (``sample["prefix"]``) that candidates
     continue (a task says so by its ``continues_prefixes``: ``text_completion``)."""
     return bool(getattr(task, "continues_prefixes", False))
-
-
-def check_candidate_model(task, model, criterion: str) -> None:
-    """Candidates are decoded from a source (encoder-decoder model) or continue a
-    prompt (``--task text_completion``, whose ``continues_prefixes``); refuse a
-    decoder-only model elsewhere."""
-    if getattr(model, "encoder", None) is None and not continues_prefixes(task):
-        raise ConfigError(f"--criterion {criterion}: {type(model).__name__} has no encoder; a decoder-only model "
-                         f"continues prompts, which --task text_completion provides (got {type(task).__name__})")
 
 
 class BatchScorer:
@@ -137,18 +125,6 @@ class BatchScorer:
             self.costs[self.lm_name] = SequenceCost(self.lm_name, self.dictionary, scorer=scorer)
             self._cache = None
 
-    @staticmethod
-    def decode_inputs(sample: Dict, dictionary) -> Tuple[Dict, Optional[Tensor]]:
-        """(batch as the decoder sees it, prefix tokens or None)."""
-        if "prefix" in sample:
-            return prefix_sample(sample, dictionary.pad(), dictionary.eos()), sample["prefix"]
-        return sample, None
-
-    def output_shape(self, cand: Candidates, batch: Dict, prefix: str = "") -> Dict[str, float]:
-        """``output_shape`` of decoded candidates against the batch's references."""
-        special = (self.dictionary.eos(), self.dictionary.pad())
-        return output_shape(cand.as_list(), cand.source_index, self.references(batch), special, prefix)
-
     def references(self, sample: Dict) -> List[Tensor]:
         return [utils.strip_pad(t, self.dictionary.pad()) for t in sample["target"]]
 
@@ -157,21 +133,6 @@ class BatchScorer:
             return list(sample["prefix"])
         pad = self.dictionary.pad()
         return [utils.strip_pad(t, pad) for t in sample["net_input"]["src_tokens"]]
-
-    def decode(self, model, sample: Dict, cfg: DecodeConfig, generator=None) -> Tuple[Candidates, Dict]:
-        batch, prefix = self.decode_inputs(sample, self.dictionary)
-        return decode_candidates(unwrap(model), batch, cfg, prefix_tokens=prefix, generator=generator), batch
-
-    def decode_grouped(self, model, sample: Dict, cfg: DecodeConfig, sets, generators=None) -> Tuple[List[Candidates], Dict]:
-        """As ``decode``, once per parameter set of ``sets``, in one pass (``candidates.decode_grouped``)."""
-        batch, prefix = self.decode_inputs(sample, self.dictionary)
-        return decode_grouped(unwrap(model), batch, cfg, sets, prefix_tokens=prefix, generators=generators), batch
-
-    def decode_with_greedy(self, model, sample: Dict, cfg: DecodeConfig) -> Tuple[Candidates, Candidates, Dict]:
-        """As ``decode``, and one greedy candidate per input (``candidates.decode_with_greedy``)."""
-        batch, prefix = self.decode_inputs(sample, self.dictionary)
-        cand, greedy = decode_with_greedy(unwrap(model), batch, cfg, prefix_tokens=prefix)
-        return cand, greedy, batch
 
     def _prepared(self, batch: Dict) -> Dict[str, Tuple[Optional[list], Optional[list], Optional[list]]]:
         """Per cost: the batch's references and sources converted for it, and its ``prepare``
@@ -212,59 +173,3 @@ class BatchScorer:
             total += w * c
         self.seconds += time.perf_counter() - start
         return total, per_name
-
-
-REPEAT_N = 4  # the n of the logged repetition rate (rep4)
-
-
-def output_shape(hyps: List[Tensor], source_index: Tensor, refs: List[Tensor], special: Tuple[int, ...],
-                 prefix: str = "") -> Dict[str, float]:
-    """Logged sums that show length hacking and loops in decoded outputs: ``{prefix}hyp_len``
-    (tokens of the hypotheses), ``{prefix}ref_len`` (tokens of the reference each answers;
-    hypothesis j answers ``refs[source_index[j]]``), ``{prefix}rep4_sum`` (the sum over the
-    hypotheses of 1 - their share of unique 4-grams, the ``rep`` cost) and ``{prefix}hyps``.
-    Tokens in ``special`` (EOS, padding) are not counted. ``log_output_shape`` turns them into
-    ``{prefix}len_ratio`` = hyp_len / ref_len and ``{prefix}rep4`` = rep4_sum / hyps."""
-    def plain(t: Tensor) -> List[int]:
-        return [x for x in t.tolist() if x not in special]
-
-    hyps_plain = [plain(h) for h in hyps]
-    ref_lengths = [len(plain(r)) for r in refs]
-    rep = sum(1.0 - unique_ngram_share([h], REPEAT_N) for h in hyps_plain)
-    return {f"{prefix}hyp_len": float(sum(len(h) for h in hyps_plain)),
-            f"{prefix}ref_len": float(sum(ref_lengths[i] for i in source_index.tolist())),
-            f"{prefix}rep4_sum": rep, f"{prefix}hyps": float(len(hyps))}
-
-
-def log_output_shape(logging_outputs, prefix: str = "") -> None:
-    """fairseq metrics ``{prefix}len_ratio`` and ``{prefix}rep4`` from ``output_shape``'s sums
-    (summed over micro-batches and workers first)."""
-    from fairseq import metrics
-
-    def total(key):
-        return sum(log.get(prefix + key, 0) for log in logging_outputs)
-
-    hyps, ref_len = total("hyps"), total("ref_len")
-    if hyps > 0 and ref_len > 0:
-        metrics.log_scalar(f"{prefix}len_ratio", total("hyp_len") / ref_len, ref_len, round=4)
-        metrics.log_scalar(f"{prefix}rep4", total("rep4_sum") / hyps, hyps, round=4)
-
-
-def log_cost_seconds(logging_outputs) -> None:
-    """fairseq metric ``cost_seconds``: seconds of task-loss computation per update, summed over
-    micro-batches and workers (what the metric costs; decoding not included)."""
-    from fairseq import metrics
-
-    if any("cost_seconds" in log for log in logging_outputs):
-        metrics.log_scalar("cost_seconds", sum(log.get("cost_seconds", 0.0) for log in logging_outputs), round=3)
-
-
-def log_sentence_means(logging_outputs, keys) -> None:
-    """fairseq metrics: each key's sum over the logging outputs / number of sentences."""
-    from fairseq import metrics
-
-    n = sum(log.get("nsentences", 0) for log in logging_outputs)
-    if n == 0:
-        return
-    for key in keys:
-        metrics.log_scalar(key, sum(log.get(key, 0) for log in logging_outputs) / n, n, round=4)

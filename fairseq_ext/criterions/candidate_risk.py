@@ -23,10 +23,22 @@ from torch import Tensor
 from fairseq_ext.runtime import fixes
 from fairseq_ext.runtime.clock import check_model_at_start
 from fairseq_ext.runtime.distributed import forward_in_wrapper
-from fairseq_ext.decoding.candidates import Candidates, DecodeConfig
+from fairseq_ext.runtime.cli import ConfigError
+from fairseq_ext.decoding.batch import Decoded, decode_batch
+from fairseq_ext.decoding.candidates import DecodeConfig
 from fairseq_ext.scoring.teacher_forced import pad_columns, sequence_log_probs
-from fairseq_ext.costs.batch_scorer import (BatchScorer, check_candidate_model, log_cost_seconds, log_output_shape,
-                                          log_sentence_means)
+from fairseq_ext.costs.batch_scorer import BatchScorer, continues_prefixes
+from fairseq_ext.criterions.logged_metrics import (candidate_shape, log_cost_seconds, log_output_shape,
+                                                   log_sentence_means)
+
+
+def check_candidate_model(task, model, criterion: str) -> None:
+    """Candidates are decoded from a source (encoder-decoder model) or continue a
+    prompt (``--task text_completion``, whose ``continues_prefixes``); refuse a
+    decoder-only model elsewhere."""
+    if getattr(model, "encoder", None) is None and not continues_prefixes(task):
+        raise ConfigError(f"--criterion {criterion}: {type(model).__name__} has no encoder; a decoder-only model "
+                         f"continues prompts, which --task text_completion provides (got {type(task).__name__})")
 
 
 class CandidateRiskCriterion(FairseqCriterion):
@@ -38,16 +50,16 @@ class CandidateRiskCriterion(FairseqCriterion):
         check_model_at_start(task, lambda model: check_candidate_model(task, model, name))
         self.scorer = scorer
         self.decode_cfg = decode_cfg
-        self.greedy_cfg = DecodeConfig(max_len_ref_ratio=decode_cfg.max_len_ref_ratio, path=decode_cfg.path)
+        self.greedy_cfg = decode_cfg.greedy()
         self.mle_weight = mle_weight
 
     def configure_from_training(self, cfg) -> None:
         """The text costs detokenize as the data does (``BatchScorer.configure_text``)."""
         self.scorer.configure_text(cfg, self.task)
 
-    def decode(self, module, sample) -> Tuple[Candidates, Dict]:
-        """(the candidates, the batch as the decoder saw it)."""
-        return self.scorer.decode(module, sample, self.decode_cfg)
+    def decode(self, module, sample) -> Decoded:
+        """The candidates and the batch as the decoder saw it."""
+        return decode_batch(module, sample, self.decode_cfg)
 
     def candidate_set(self, module, cand, batch) -> Tuple[List[Tensor], Tensor, Tensor]:
         """(hypotheses, index of the input each answers, the hypotheses as one padded
@@ -63,14 +75,16 @@ class CandidateRiskCriterion(FairseqCriterion):
 
     def _forward(self, module, sample):
         self.scorer.ensure_lm_scorer(module)
-        cand, batch = self.decode(module, sample)
+        decoded = self.decode(module, sample)
+        cand, batch = decoded.candidates, decoded.batch
         hyps, index, tokens = self.candidate_set(module, cand, batch)
         with torch.no_grad():
             costs, _ = self.scorer.score(hyps, index, batch)
-        shape = self.scorer.output_shape(cand, batch)
+        dictionary = self.task.target_dictionary
+        shape = candidate_shape(cand, batch, dictionary)
         if not module.training:  # what the deployed (greedy) decoder outputs, to catch length drift early
-            greedy, _ = self.scorer.decode(module, sample, self.greedy_cfg)
-            shape.update(self.scorer.output_shape(greedy, batch, prefix="greedy_"))
+            greedy = decode_batch(module, sample, self.greedy_cfg).candidates
+            shape.update(candidate_shape(greedy, batch, dictionary, prefix="greedy_"))
         prefix = batch.get("prefix")
         bsz, n = sample["nsentences"], len(hyps)
         if self.mle_weight > 0:  # the references, scored in the same forward

@@ -49,14 +49,15 @@ from fairseq_ext.core.parameter_search import clip_grad_, mgs_weights, mix_seed,
 from fairseq_ext.runtime.clock import TrainingClock, check_model_at_start
 from fairseq_ext.runtime.distributed import all_reduce_sum_, pooled_mean, pooled_means, unwrap
 from fairseq_ext.runtime.validation import check_options
-from fairseq_ext.decoding.candidates import (STRATEGIES, DecodeConfig, ParameterSets,
-                                             grouped_reason)
+from fairseq_ext.decoding.batch import decode_batch
+from fairseq_ext.decoding.candidates import STRATEGIES, DecodeConfig, ParameterSets, grouped_reason
 from fairseq_ext.decoding.paths import DecodingPathConfig
 from fairseq_ext.costs.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.tasks.text_completion import TextCompletionTask
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
-from fairseq_ext.costs.batch_scorer import (TASK_LOSS_HELP, BatchScorer, check_candidate_model, log_cost_seconds,
-                                          log_output_shape)
+from fairseq_ext.costs.batch_scorer import TASK_LOSS_HELP, BatchScorer
+from fairseq_ext.criterions.candidate_risk import check_candidate_model
+from fairseq_ext.criterions.logged_metrics import candidate_shape, log_cost_seconds, log_output_shape
 
 logger = logging.getLogger(__name__)
 EVALUATIONS = ("batched", "sequential")
@@ -164,7 +165,7 @@ class MGSCriterion(FairseqCriterion):
         self.decode_cfg = DecodeConfig(
             strategy=decoder, beam_size=mgs_beam if decoder == "beam" else None, max_len_ref_ratio=mgs_max_len_ratio,
             path=str(decoding_path))
-        self.greedy_cfg = DecodeConfig(max_len_ref_ratio=mgs_max_len_ratio, path=str(decoding_path))
+        self.greedy_cfg = self.decode_cfg.greedy()
         self.batched = str(mgs_candidate_evaluation) == "batched"
         self.stacked_sets = StackedSets()  # theta and its K perturbations, for the grouped decode
         self.seed = seed
@@ -192,7 +193,8 @@ class MGSCriterion(FairseqCriterion):
     def _pooled_cost(self, model, sample, cfg, generator=None):
         """(C(theta) = mean per-sequence task loss, pooled over workers; the candidates; the
         batch as the decoder saw it)."""
-        cand, batch = self.scorer.decode(model, sample, cfg, generator=generator)
+        decoded = decode_batch(model, sample, cfg, generator)
+        cand, batch = decoded.candidates, decoded.batch
         total, _ = self.scorer.score(cand.as_list(), cand.source_index, batch)
         return pooled_mean(total), cand, batch
 
@@ -242,11 +244,12 @@ class MGSCriterion(FairseqCriterion):
         gens = None
         if self.decode_cfg.strategy == "sample":
             gens = [self._sampling_generator(device, search.seed) for _ in range(sets.count)]
-        groups, batch = self.scorer.decode_grouped(module, sample, self.decode_cfg, sets, gens)
+        decoded = decode_batch(module, sample, self.decode_cfg, gens, sets=sets)
+        groups, batch = decoded.groups, decoded.batch
         hyps = [h for cand in groups for h in cand.as_list()]
         total, _ = self.scorer.score(hyps, torch.cat([cand.source_index for cand in groups]), batch)
         means = pooled_means(total.view(sets.count, -1))
-        shape = self.scorer.output_shape(groups[0], batch)
+        shape = candidate_shape(groups[0], batch, self.task.target_dictionary)
         return (float(means[0]), means[1:].tolist(), [i["log_q"] for i in infos], [i["norm"] for i in infos],
                 shape)
 
@@ -274,7 +277,7 @@ class MGSCriterion(FairseqCriterion):
         if not batched:
             gen = self._sampling_generator(device, seed)
             c0, cand0, batch0 = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
-            c0, shape = float(c0), self.scorer.output_shape(cand0, batch0)
+            c0, shape = float(c0), candidate_shape(cand0, batch0, self.task.target_dictionary)
         params, grads, nll_sum, ntokens = self._mle_gradient(module, sample)
         grad_norm = clip_grad_([grads], self.mle_clip)
 
@@ -332,7 +335,8 @@ class MGSCriterion(FairseqCriterion):
             nll = torch.nn.functional.nll_loss(
                 lprobs.view(-1, lprobs.size(-1)), target.view(-1), ignore_index=self.padding_idx, reduction="sum"
             )
-        cand, batch = self.scorer.decode(module, sample, self.greedy_cfg)
+        decoded = decode_batch(module, sample, self.greedy_cfg)
+        cand, batch = decoded.candidates, decoded.batch
         total, per_name = self.scorer.score(cand.as_list(), cand.source_index, batch)
         self.scorer.take_seconds()  # validation's cost time is not an update's
         ntokens = int(target.ne(self.padding_idx).sum())
@@ -340,7 +344,7 @@ class MGSCriterion(FairseqCriterion):
             "loss": float(nll), "nll_loss": float(nll), "ntokens": ntokens, "nsentences": sample["nsentences"],
             "sample_size": ntokens, "valid_task_loss_sum": float(total.sum()),
             "valid_len_sum": float(cand.lengths.sum()), "valid_nonterm_sum": float((~cand.finished).sum()),
-            **self.scorer.output_shape(cand, batch, prefix="greedy_"),
+            **candidate_shape(cand, batch, self.task.target_dictionary, prefix="greedy_"),
         }
         for name, c in per_name.items():
             logging_output[f"valid_cost_{name}_sum"] = float(c.sum())

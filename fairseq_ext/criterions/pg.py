@@ -21,6 +21,7 @@ from fairseq_ext.core.constraints import at_least
 from fairseq_ext.core.risk import MovingAverageBaseline, leave_one_out_baseline, reinforce_loss
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
 from fairseq_ext.runtime.distributed import pooled_mean
+from fairseq_ext.decoding.batch import decode_batch
 from fairseq_ext.decoding.candidates import DecodeConfig
 from fairseq_ext.decoding.paths import DecodingPathConfig
 from fairseq_ext.costs.sequence_cost import POST_PROCESS_HELP
@@ -82,9 +83,9 @@ class PGCriterion(CandidateRiskCriterion):
         for ``_baseline``)."""
         if self.baseline_kind != "greedy":
             return super().decode(module, sample)
-        cand, greedy, batch = self.scorer.decode_with_greedy(module, sample, self.decode_cfg)
-        self._greedy = [(greedy, batch)]
-        return cand, batch
+        decoded = decode_batch(module, sample, self.decode_cfg, with_greedy=True)
+        self._greedy = [(decoded.greedy, decoded.batch)]
+        return decoded
 
     def _baseline(self, module, sample, costs) -> torch.Tensor:
         """(B, S) baseline; b_k never uses sample k."""

@@ -66,6 +66,12 @@ class DecodeConfig:
             raise ParameterError(DecodeConfig, "num_candidates", "must be 1 for greedy decoding (one candidate per "
                                  f"input), got {self.num_candidates!r}")
 
+    def greedy(self) -> "DecodeConfig":
+        """Greedy decoding with this configuration's length limits and path (what the
+        criteria log as the deployed decoder's output, and PG's greedy baseline)."""
+        return DecodeConfig(min_len=self.min_len, max_len_a=self.max_len_a, max_len_b=self.max_len_b,
+                            max_len_ref_ratio=self.max_len_ref_ratio, path=self.path)
+
 
 @dataclass
 class Candidates:
@@ -233,8 +239,7 @@ def decode_with_greedy(
     twice (``cfg`` and greedy with its length limits), in one decode where the static-cache
     step runs: the greedy rows follow the sampled ones, which draw the random numbers they
     draw alone."""
-    greedy_cfg = DecodeConfig(min_len=cfg.min_len, max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b,
-                              max_len_ref_ratio=cfg.max_len_ref_ratio, path=cfg.path)
+    greedy_cfg = cfg.greedy()
     if cfg.strategy != "sample" or not _static_cache(model, cfg):
         return (decode_candidates(model, sample, cfg, prefix_tokens, generator),
                 decode_candidates(model, sample, greedy_cfg, prefix_tokens))

@@ -24,7 +24,8 @@ from fairseq_ext.core.mbr import bayes_risk, prune, ranking
 from fairseq_ext.core.sampling import batch_generator
 from fairseq_ext.costs.batch_scorer import BatchScorer
 from fairseq_ext.costs.cost_matrix import CostMatrix, not_aggregatable
-from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
+from fairseq_ext.decoding.batch import decode_batch
+from fairseq_ext.decoding.candidates import DecodeConfig
 from fairseq_ext.evaluation.generate_output import parse
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.scoring.teacher_forced import token_log_probs
@@ -146,7 +147,7 @@ class MBRGenerator:
         return self._decode(sample, self.candidate_cfg, gen)
 
     def _decode(self, sample: Dict, cfg: DecodeConfig, gen: torch.Generator) -> List[List[Tensor]]:
-        cand = decode_candidates(self.model, sample, cfg, generator=gen)
+        cand = decode_batch(self.model, sample, cfg, gen).candidates
         rows = cand.as_list()
         n = cand.num_per_input
         return [rows[i * n:(i + 1) * n] for i in range(len(rows) // n)]

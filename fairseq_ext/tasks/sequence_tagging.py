@@ -52,7 +52,8 @@ from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.runtime.validation import check_options
 from fairseq_ext.core.constraints import at_least
 from fairseq_ext.core.tagging_metrics import conlleval_counts, precision_recall_f1
-from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
+from fairseq_ext.decoding.batch import decode_batch
+from fairseq_ext.decoding.candidates import DecodeConfig
 from fairseq_ext.generators.beam_generator import BeamSearchConfig, build_beam_generator
 from fairseq_ext.tasks.batching import TaskBatching
 
@@ -336,7 +337,7 @@ class SequenceTaggingTask(TaskBatching, FairseqTask):
         token counts."""
         search = str(self.cfg.tagging_eval_search)
         if search == "greedy":
-            hyps = decode_candidates(model, sample, DecodeConfig(max_len_a=1.0, max_len_b=0)).as_list()
+            hyps = decode_batch(model, sample, DecodeConfig(max_len_a=1.0, max_len_b=0)).candidates.as_list()
         else:
             generator = build_beam_generator(self, [model], self.tgt_dict, argparse.Namespace(
                 beam=self.cfg.tagging_eval_beam), self.cfg, search, "--tagging-eval-search")
