@@ -155,7 +155,7 @@ def validation_options(cfg, data: str, beam: int, every: int) -> List[str]:
     interval alone decides the cost."""
     from fairseq.data import Dictionary
 
-    from fairseq_ext.core.task_losses import detect_subword_scheme
+    from fairseq_ext.core.subwords import detect_subword_scheme
 
     bpe = (cfg.get("bpe") or {}).get("_name")
     if bpe not in ("sentencepiece", "subword_nmt"):

@@ -50,7 +50,7 @@ def stand_in_score(sample):
 def comet_cost():
     sys.path.insert(0, STAND_INS)
     try:
-        from fairseq_ext.core.task_losses import CometCost
+        from fairseq_ext.core.text_costs import CometCost
 
         yield CometCost(model="tiny/local-comet", batch_size=2)
     finally:
@@ -80,7 +80,7 @@ def test_aggregation_scores_against_the_mean_reference_embedding(comet_cost):
 def test_a_model_without_an_estimator_has_no_aggregate():
     sys.path.insert(0, STAND_INS)
     try:
-        from fairseq_ext.core.task_losses import CometCost
+        from fairseq_ext.core.text_costs import CometCost
 
         assert not CometCost(model="tiny/xcomet").aggregatable
     finally:

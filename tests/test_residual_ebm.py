@@ -20,7 +20,7 @@ from fairseq_ext.core.residual_ebm import (
     resample,
     resampling_weights,
 )
-from fairseq_ext.core.task_losses import unique_ngram_share
+from fairseq_ext.core.token_costs import unique_ngram_share
 
 V, L = 3, 2
 SEQS = list(itertools.product(range(V), repeat=L))  # the 9 continuations, in a fixed order

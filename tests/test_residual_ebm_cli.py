@@ -14,7 +14,7 @@ import torch
 
 from conftest import assert_shards_make_one_run, run_cli
 from fairseq_ext.runtime.cli import ConfigError
-from fairseq_ext.core.task_losses import unique_ngram_share
+from fairseq_ext.core.token_costs import unique_ngram_share
 
 P, L = 8, 4
 TASK = ["--user-dir", "fairseq_ext", "--task", "residual_lm", "--residual-prefix-len", str(P),

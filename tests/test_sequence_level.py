@@ -3,6 +3,7 @@ the lm cost equals a teacher-forced log-probability, BatchScorer caches referenc
 per batch only, cost specs parse with clear errors, --*-post-process auto follows the
 target dictionary (and an explicit value that disagrees with it is warned about)."""
 import copy
+import functools
 import logging
 import os
 
@@ -75,8 +76,8 @@ def test_batch_scorer_cache_follows_targets(untrained_models):
 
 
 def test_parse_cost_spec():
-    assert parse_cost_spec("sbleu") == {"sbleu": 1.0}
-    assert parse_cost_spec("edit=1,rep=0.5") == {"edit": 1.0, "rep": 0.5}
+    assert [(t.name, t.weight) for t in parse_cost_spec("sbleu")] == [("sbleu", 1.0)]
+    assert [(t.name, t.weight) for t in parse_cost_spec("edit=1,rep=0.5")] == [("edit", 1.0), ("rep", 0.5)]
     with pytest.raises(ValueError, match="'bleurt' is not a task loss"):
         parse_cost_spec("bleurt")
     with pytest.raises(ValueError, match="not a number"):
@@ -196,3 +197,32 @@ def test_forced_none_on_pieces_warns(pieces_bin, caplog):
     warning = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warning) == 1 and warning[0].startswith("--mgs-post-process none, but")
     assert scheme in warning[0] or ("@@" if scheme == "subword_nmt" else SP) in warning[0]
+
+
+@pytest.mark.parametrize("criterion", ["mgs", "mrt", "pg"])
+def test_a_cost_spec_is_parsed_once_per_criterion_build(toy_bin, criterion, monkeypatch):
+    """The option's check at parsing and the criterion's scorer share one parse of the spec (a
+    spec not parsed before in this process: a fresh weight), and no name is split again later:
+    the spec's parser and the options' splitter each run once per term."""
+    from fairseq_ext.core import task_losses
+    from fairseq_ext.synthetic import tiny_models
+
+    calls = {"parse": 0, "split": 0}
+    parse, split = task_losses._parse_spec.__wrapped__, task_losses.split_options
+
+    def counted_parse(spec):
+        calls["parse"] += 1
+        return parse(spec)
+
+    def counted_split(name):
+        calls["split"] += 1
+        return split(name)
+
+    monkeypatch.setattr(task_losses, "_parse_spec", functools.lru_cache(maxsize=8)(counted_parse))
+    monkeypatch.setattr(task_losses, "split_options", counted_split)
+    spec = f"edit=1,chrf(beta=1)=0.{len(criterion)}25"
+    task, _, args = tiny_models.build_task_and_model(toy_bin, "translation", "transformer",
+                                                     ["--criterion", criterion, f"--{criterion}-task-loss", spec])
+    crit = task.build_criterion(args)
+    assert calls == {"parse": 1, "split": 2}
+    assert [(t.name, t.weight) for t in crit.scorer.terms] == [("edit", 1.0), ("chrf(beta=1)", float(f"0.{len(criterion)}25"))]

@@ -6,12 +6,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fairseq_ext.core.beam_relaxation import parse_label_weights
+from fairseq_ext.core.subwords import detect_subword_scheme
 from fairseq_ext.core.task_losses import (
     TASK_LOSSES,
     TaskLoss,
     build_task_loss,
-    detect_subword_scheme,
-    parse_label_weights,
     register_task_loss,
     task_loss_names,
 )
@@ -239,8 +239,9 @@ def test_options_in_parentheses():
         "comet", {"model": "Unbabel/wmt22-comet-da", "batch_size": 16})
     assert split_options("chrf(beta=0.5,word_order=2)") == ("chrf", {"beta": 0.5, "word_order": 2})
     assert split_options("rep") == ("rep", {})
-    assert parse_task_loss_spec("chrf(beta=1,word_order=2)=0.5,rep(n=3)") == {"chrf(beta=1,word_order=2)": 0.5,
-                                                                              "rep(n=3)": 1.0}
+    terms = parse_task_loss_spec("chrf(beta=1,word_order=2)=0.5,rep(n=3)")
+    assert [(t.name, t.base, dict(t.options), t.weight) for t in terms] == [
+        ("chrf(beta=1,word_order=2)", "chrf", {"beta": 1, "word_order": 2}, 0.5), ("rep(n=3)", "rep", {"n": 3}, 1.0)]
     for bad, message in [("chrf(gamma=1)", "its options are: beta, word_order"), ("chrf(beta)", "is not key=value"),
                          ("chrf(beta=1", "one pair of parentheses"), ("edit(n=1)", "its options are: (none)")]:
         with pytest.raises(ValueError, match=re.escape(message)):

@@ -25,8 +25,9 @@ As alpha -> inf (no ties among the top-k candidates) every p_i tends to the
 one-hot top-k index pair, the soft beam to the hard beam and L to the Hamming
 cost of the hard beam's best hypothesis (eq. 4.3).
 """
+import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 from torch import Tensor
@@ -187,3 +188,38 @@ def open_length_hamming_costs(gold: Tensor, steps: int, vocab_size: int, eos: in
     costs[..., eos] += (lengths - 1 - t).clamp(min=0).to(costs.dtype)
     costs[..., pad] = 0.0
     return costs
+
+
+def parse_label_weights(spec: str) -> Dict[str, float]:
+    """Parse ``"O=2.0,B-PER=1.5"`` into ``{"O": 2.0, "B-PER": 1.5}``.
+
+    Whitespace around items is ignored; an empty or blank spec gives ``{}``. The
+    label is everything before the last ``=``. Raises ``ValueError`` for an item
+    without ``=``, an empty label, a weight that is not a finite number >= 0,
+    or a label given twice.
+    """
+    weights: Dict[str, float] = {}
+    if not spec.strip():
+        return weights
+    for item in spec.split(","):
+        item = item.strip()
+        label, sep, value = item.rpartition("=")
+        label = label.strip()
+        if not sep:
+            raise ValueError(
+                f"label weight {item!r} in {spec!r} is not of the form LABEL=WEIGHT"
+            )
+        if not label:
+            raise ValueError(f"label weight {item!r} in {spec!r} has an empty label")
+        try:
+            weight = float(value)
+        except ValueError:
+            raise ValueError(
+                f"label weight {item!r} in {spec!r}: {value.strip()!r} is not a number"
+            ) from None
+        if not (math.isfinite(weight) and weight >= 0):
+            raise ValueError(f"label weight {item!r} in {spec!r}: weight must be finite and >= 0")
+        if label in weights:
+            raise ValueError(f"label {label!r} is given twice in {spec!r}")
+        weights[label] = weight
+    return weights

@@ -1,35 +1,39 @@
-"""Sequence-level task losses (costs) Δ(ŷ, y) with a batched API.
+"""Task losses (costs) Δ(ŷ, y): what a cost is (``TaskLoss``), the registry of costs by name,
+and the spec of a ``--*-task-loss`` option, parsed once into weighted terms (``CostTerm``).
 
 Every loss maps a batch of B hypotheses (and, when it needs them, B references)
-to a float32 CPU tensor of shape (B,) of per-sequence costs; lower is better.
+to a float32 CPU tensor of shape (B,) of per-sequence costs; lower is better. The
+built-in costs live beside this module, registered when ``fairseq_ext.core`` is imported:
 
 ======== ========= ========= ====================================================
 name     input     reference cost
 ======== ========= ========= ====================================================
-sbleu    text      yes       1 - sentence BLEU / 100 (sacrebleu, smoothed), [0, 1]
+sbleu    text      yes       1 - sentence BLEU / 100 (sacrebleu, smoothed), [0, 1]  (``text_costs``)
 chrf     text      yes       1 - sentence chrF / 100 (sacrebleu; options beta, word_order), [0, 1]
 comet    text      yes       1 - COMET (unbabel-comet; source-aware; options model, batch_size)
-edit     tokens    yes       min(1, Levenshtein(ŷ, y) / |y|), [0, 1]
+edit     tokens    yes       min(1, Levenshtein(ŷ, y) / |y|), [0, 1]  (``token_costs``)
 rep      tokens    no        1 - unique n-grams / n-grams of ŷ, [0, 1]
 nonterm  tokens    no        1 if ŷ contains no EOS else 0
 hamming  tokens    yes       Σ_{i<|y|} w(y_i) [ŷ_i != y_i], optionally normalized
 ======== ========= ========= ====================================================
 
 A cost's options go in parentheses after its name, ``chrf(beta=1)``,
-``comet(model=Unbabel/wmt22-comet-da,batch_size=32)`` (``split_options``).
+``comet(model=Unbabel/wmt22-comet-da,batch_size=32)`` (``split_options``); a spec is one
+cost or a weighted sum, ``edit=1,rep=0.5`` (``parse_task_loss_spec``: the terms, parsed
+once per spec and shared).
 
 Your own cost: subclass ``TaskLoss`` in any importable module and name it on the
 command line by import path, ``--mgs-task-loss my_costs:QualityCost`` (also inside a
 weighted sum, ``my_costs:QualityCost=1,sbleu=0.5``); ``task_loss_class`` resolves it.
 A cost may see the source (``needs_source``), run batched on the training device
-(``setup``, ``batch_size``, evaluated under ``torch.no_grad``) and compute what depends
+(``setup``, ``batch_size``, evaluated under ``torch.no_grad``), compute what depends
 only on references and sources once per batch (``prepare``), however many candidate
-sets are scored against them.
+sets are scored against them, and be built with a fairseq model (``needs_model``).
 
 "text" losses take strings that the caller has already BPE-removed and
-detokenized (``detect_subword_scheme`` tells which subword segmentation a
-vocabulary or a text looks like, so callers can check). "tokens" losses take token sequences (lists or tuples of ints or
-strings, or 1-D LongTensors). For ``edit``, ``rep`` and ``hamming`` the caller
+detokenized (``core.subwords.detect_subword_scheme`` tells which subword segmentation a
+vocabulary or a text looks like). "tokens" losses take token sequences (lists or tuples
+of ints or strings, or 1-D LongTensors). For ``edit``, ``rep`` and ``hamming`` the caller
 strips EOS and padding first; ``nonterm`` needs the EOS kept. "ids" losses take
 1-D LongTensors of dictionary ids as decoded (EOS kept, padding removed), for a
 cost that runs a model of the same vocabulary.
@@ -39,14 +43,15 @@ downloaded at run time. The ``lm`` cost (negative log-probability under a frozen
 fairseq scorer) lives in a fairseq adapter, which registers it here with
 ``@register_task_loss("lm")``.
 
-This module imports torch and ``core.constraints`` (sacrebleu and editdistance
-lazily, when a loss that needs them is built), no fairseq.
+This module imports torch and ``core.constraints``, no fairseq.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import math
-from typing import Callable, Iterable, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
@@ -126,7 +131,11 @@ def task_loss_class(name: str) -> type["TaskLoss"]:
     registered under itself the first time it resolves. Raises ``ValueError`` saying
     what is wrong: an unknown name, a module that does not import, a missing
     attribute, or an object that is not a ``TaskLoss`` subclass."""
-    name = split_options(name)[0]
+    return _resolve(split_options(name)[0])
+
+
+def _resolve(name: str) -> type["TaskLoss"]:
+    """``task_loss_class`` of a name without options."""
     if name in TASK_LOSSES:
         return TASK_LOSSES[name]
     module_name, sep, attr = name.partition(":")
@@ -167,14 +176,44 @@ def _top_level_items(spec: str) -> list[str]:
     return items + [current]
 
 
-def parse_task_loss_spec(spec: str) -> dict[str, float]:
-    """``"sbleu"`` -> {"sbleu": 1.0}; ``"edit=1,rep=0.5"`` -> {"edit": 1.0, "rep": 0.5}; a name may
+@dataclass(frozen=True)
+class CostTerm:
+    """One weighted term of a cost spec.
+
+    name: as written, options included (``chrf(beta=1)``): the key of the logged values.
+    base: the registered name or import path (``chrf``).
+    options: the written options, as (key, value) pairs.
+    weight: the term's weight in the sum.
+    cls: the ``TaskLoss`` class, resolved once.
+    """
+
+    name: str
+    base: str
+    options: tuple
+    weight: float
+    cls: type
+
+    def build(self, **options: Any) -> "TaskLoss":
+        """The cost, with the written options and the keyword ``options`` (which a caller
+        adds: the EOS symbol of ``nonterm``, the model of a ``needs_model`` cost)."""
+        options = {**dict(self.options), **options}
+        return check_options(self.base, options, complete=True)(**options)
+
+
+def parse_task_loss_spec(spec: str) -> tuple[CostTerm, ...]:
+    """``"sbleu"`` -> (sbleu, weight 1); ``"edit=1,rep=0.5"`` -> (edit, 1.0), (rep, 0.5); a name may
     be the import path of the user's own cost, ``"my_costs:QualityCost=1,sbleu=0.5"``, and may
-    carry options, ``"chrf(beta=1)=1,comet(model=Unbabel/wmt22-comet-da)=0.5"`` (the keys of
-    the result are the names as written, options included). Raises ``ValueError`` saying what
-    is wrong (see ``task_loss_class``; an option the cost does not take)."""
-    out: dict[str, float] = {}
-    for item in _top_level_items(spec or ""):
+    carry options, ``"chrf(beta=1)=1,comet(model=Unbabel/wmt22-comet-da)=0.5"``. Each spec is
+    parsed once (the option's check and the criterion's build share the result). Raises
+    ``ValueError`` saying what is wrong (see ``task_loss_class``; an option the cost does not
+    take; a cost that cannot be built here)."""
+    return _parse_spec(spec or "")
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_spec(spec: str) -> tuple[CostTerm, ...]:
+    terms: list[CostTerm] = []
+    for item in _top_level_items(spec):
         item = item.strip()
         if not item:
             raise ValueError(f"{spec!r} has an empty item")
@@ -182,7 +221,8 @@ def parse_task_loss_spec(spec: str) -> dict[str, float]:
         head, sep, weight = item[closed:].partition("=")
         name = (item[:closed] + head).strip()
         base, options = split_options(name)
-        missing = check_options(base, options).unavailable()
+        cls = check_options(base, options)
+        missing = cls.unavailable()
         if missing:
             raise ValueError(f"{base!r}: {missing}")
         try:
@@ -191,10 +231,10 @@ def parse_task_loss_spec(spec: str) -> dict[str, float]:
             raise ValueError(f"the weight of {name!r} is not a number: {weight!r}") from None
         if not math.isfinite(w):
             raise ValueError(f"the weight of {name!r} is not finite: {weight!r}")
-        if name in out:
+        if any(t.name == name for t in terms):
             raise ValueError(f"{name!r} is given twice")
-        out[name] = w
-    return out
+        terms.append(CostTerm(name, base, tuple(options.items()), w, cls))
+    return tuple(terms)
 
 
 class TaskLossSpec(Rule):
@@ -239,7 +279,7 @@ def _check_kinds(name: str, cls: type) -> None:
 def check_options(name: str, options: dict, complete: bool = False) -> type["TaskLoss"]:
     """The class of ``name`` (without options), if it takes the keyword ``options`` (and, with
     ``complete``, needs no other); else ``ValueError`` naming its options."""
-    cls = task_loss_class(name)
+    cls = _resolve(name)
     signature = inspect.signature(cls)
     try:
         (signature.bind if complete else signature.bind_partial)(**options)
@@ -269,6 +309,10 @@ class TaskLoss:
     each hypothesis then comes beside it, in that kind (encoder-decoder tasks: the
     source sentence; text completion: the prefix).
 
+    A cost built on a fairseq model sets ``needs_model`` and takes it as ``model``: the
+    caller builds it once it has one (the model being trained, frozen when training starts,
+    or the checkpoint of the criterion's ``--*-score-model``).
+
     A neural cost: ``setup(device)`` is called once with the training device (or the
     cost's own ``device``, where it names one) before the first evaluation (move its
     model there and to eval mode; "ids" inputs then arrive on that device); every evaluation
@@ -285,6 +329,7 @@ class TaskLoss:
     source_kind: Optional[str] = None  # None: as input_kind
     batch_size: Optional[int] = None
     device: Optional[str] = None  # None: the training device; e.g. "cpu" keeps the cost off the GPU
+    needs_model: bool = False  # built with model=, a frozen fairseq model (``CostTerm.build``)
 
     def setup(self, device: torch.device) -> None:
         """Called once, before the first evaluation, with the training device (or ``device``)."""
@@ -419,318 +464,3 @@ class EmbeddingCost(TaskLoss):
         mean = mean.reshape(embeddings.shape[1:])
         return self(hyps, [refs[0]] * len(hyps), [source] * len(hyps) if self.needs_source else None,
                     prepared=[mean] * len(hyps))
-
-
-def _clamp01(x: float) -> float:
-    return min(1.0, max(0.0, x))
-
-
-@register_task_loss("sbleu")
-class SentenceBleuCost(TaskLoss):
-    """1 - sBLEU / 100, sacrebleu's smoothed sentence BLEU with effective order."""
-
-    needs_reference = True
-    input_kind = "text"
-
-    aggregatable = True
-
-    def __init__(self, smooth_method: str = "exp", smooth_value: Optional[float] = None) -> None:
-        from sacrebleu.metrics import BLEU
-
-        from fairseq_ext.core.ngram_stats import BleuStats
-
-        self.bleu = BLEU(
-            smooth_method=smooth_method, smooth_value=smooth_value, effective_order=True
-        )
-        self.stats = BleuStats(self.bleu)  # sacrebleu's sentence_score, each sentence counted once
-
-    def sentence_cost(self, hyp: str, ref: str) -> float:
-        return _clamp01(1.0 - self.stats.score(hyp, ref) / 100.0)
-
-    def aggregated_cost(self, hyps, refs, weights=None, source=None) -> torch.Tensor:
-        aggregate = self.stats.aggregate(refs, weights)
-        return torch.tensor([_clamp01(1.0 - self.stats.score_aggregate(h, aggregate) / 100.0) for h in hyps])
-
-
-@register_task_loss("chrf")
-class ChrfCost(TaskLoss):
-    """1 - chrF / 100, sacrebleu's sentence chrF (character 6-grams; ``beta`` weights recall
-    beta times as much as precision: 2, sacrebleu's default, rewards long hypotheses; 1
-    weights both alike; ``word_order`` 2 is chrF++)."""
-
-    needs_reference = True
-    input_kind = "text"
-
-    def __init__(self, beta: float = 2, word_order: int = 0) -> None:
-        from sacrebleu.metrics import CHRF
-
-        from fairseq_ext.core.ngram_stats import ChrfStats
-
-        if not beta > 0:
-            raise ValueError(f"chrf: beta must be > 0, got {beta}")
-        self.chrf = CHRF(beta=beta, word_order=word_order)
-        self.stats = ChrfStats(self.chrf)  # sacrebleu's sentence_score, each sentence counted once
-
-    aggregatable = True
-
-    def sentence_cost(self, hyp: str, ref: str) -> float:
-        return _clamp01(1.0 - self.stats.score(hyp, ref) / 100.0)
-
-    def aggregated_cost(self, hyps, refs, weights=None, source=None) -> torch.Tensor:
-        aggregate = self.stats.aggregate(refs, weights)
-        return torch.tensor([_clamp01(1.0 - self.stats.score_aggregate(h, aggregate) / 100.0) for h in hyps])
-
-
-@register_task_loss("comet")
-class CometCost(TaskLoss):
-    """1 - COMET (Rei et al., 2020), a learned metric that reads the source, the hypothesis
-    and the reference, from the ``unbabel-comet`` package (``pip install unbabel-comet``);
-    batched on the training device, without gradients.
-
-    model: a model of COMET's hub (downloaded by ``comet.download_model`` on first use and
-        cached there) or the path of a local checkpoint (``.ckpt``), which loads offline.
-    batch_size: hypotheses per forward pass.
-
-    COMET's scores are near [0, 1] (higher is better), so the cost is 1 - score. Trained
-    against, a learned metric invites reward hacking (outputs it likes that a reader does
-    not): mix it with sBLEU (``comet=1,sbleu=0.5``), keep the criteria's MLE term and
-    watch ``len_ratio`` / ``rep4``."""
-
-    needs_reference = True
-    needs_source = True
-    input_kind = "text"
-    batch_size = 64
-
-    @classmethod
-    def unavailable(cls) -> Optional[str]:
-        import importlib.util
-
-        if importlib.util.find_spec("comet") is None:
-            return "the unbabel-comet package is not installed (pip install unbabel-comet)"
-        return None
-
-    def __init__(self, model: str = "Unbabel/wmt22-comet-da", batch_size: int = 64) -> None:
-        import os
-
-        import comet
-
-        if not (isinstance(batch_size, int) and batch_size >= 1):
-            raise ValueError(f"comet: batch_size must be a positive int, got {batch_size!r}")
-        self.model_name = str(model)
-        path = self.model_name if os.path.isfile(self.model_name) else comet.download_model(self.model_name)
-        self.model = comet.load_from_checkpoint(path)
-        self.batch_size = batch_size
-        self.devices: Optional[list] = None  # None: COMET's predict on the CPU
-        # reference aggregation needs a regression model's estimator over the sentence embeddings of
-        # the source, the hypothesis and the reference (wmt22-comet-da and the other RegressionMetric models)
-        estimate = getattr(self.model, "estimate", None)
-        self.aggregatable = (callable(estimate) and hasattr(self.model, "get_sentence_embedding")
-                             and hasattr(getattr(self.model, "encoder", None), "prepare_sample")
-                             and "ref_sentemb" in inspect.signature(estimate).parameters)
-
-    def setup(self, device: torch.device) -> None:
-        device = torch.device(device)
-        self.devices = [device.index or 0] if device.type == "cuda" else None
-        self.model.eval()
-
-    def batch_cost(self, hyps: list, refs: list, sources: Optional[list] = None, prepared=None) -> torch.Tensor:
-        data = [{"src": x, "mt": h, "ref": r} for h, r, x in zip(hyps, refs, sources)]
-        gpus = {"gpus": 1, "devices": self.devices} if self.devices is not None else {"gpus": 0}
-        out = self.model.predict(data, batch_size=len(data), progress_bar=False, **gpus)
-        return 1.0 - torch.tensor([float(x) for x in out.scores], dtype=torch.float32)
-
-    def _embed(self, sentences: list, device: torch.device) -> torch.Tensor:
-        """COMET's sentence embeddings (len(sentences), D), ``batch_size`` sentences a pass."""
-        out = []
-        for i in range(0, len(sentences), self.batch_size):
-            batch = self.model.encoder.prepare_sample(list(sentences[i : i + self.batch_size]))
-            out.append(self.model.get_sentence_embedding(**{k: v.to(device) for k, v in batch.items()}))
-        return torch.cat(out)
-
-    def aggregated_cost(self, hyps, refs, weights=None, source=None) -> torch.Tensor:
-        """1 - COMET's estimate of every hypothesis against the weighted mean of the references'
-        sentence embeddings (Vamvas & Sennrich, 2024): H + R + 1 encodings and H estimator
-        passes instead of H x R forward passes. One reference: the plain score."""
-        device = torch.device("cuda", self.devices[0]) if self.devices else torch.device("cpu")
-        self.model.to(device)
-        with torch.no_grad():
-            embedded = self._embed([source] + list(refs) + list(hyps), device)
-            src, ref, hyp = embedded[:1], embedded[1 : 1 + len(refs)], embedded[1 + len(refs) :]
-            w = (torch.full((len(refs),), 1.0 / len(refs)) if weights is None
-                 else torch.as_tensor(weights, dtype=torch.float64))
-            mean = (w / w.sum()).to(ref) @ ref
-            score = self.model.estimate(src.expand(len(hyps), -1), hyp, mean.expand(len(hyps), -1))["score"]
-        return 1.0 - score.detach().float().cpu().view(-1)
-
-
-@register_task_loss("edit")
-class EditCost(TaskLoss):
-    """min(1, Levenshtein(ŷ, y) / |y|); for empty y: 0 if ŷ is empty else 1.
-
-    The caller strips EOS and padding.
-    """
-
-    needs_reference = True
-    input_kind = "tokens"
-
-    def __init__(self) -> None:
-        import editdistance
-
-        self.distance = editdistance.eval
-
-    def sentence_cost(self, hyp: list[Token], ref: list[Token]) -> float:
-        if not ref:
-            return 0.0 if not hyp else 1.0
-        return min(1.0, self.distance(hyp, ref) / len(ref))
-
-
-@register_task_loss("rep")
-class RepetitionCost(TaskLoss):
-    """1 - (unique n-grams of ŷ) / (n-grams of ŷ); 0 when |ŷ| < n.
-
-    The caller strips EOS and padding.
-    """
-
-    needs_reference = False
-    input_kind = "tokens"
-
-    def __init__(self, n: int = 4) -> None:
-        if n < 1:
-            raise ValueError(f"rep: n must be >= 1, got {n}")
-        self.n = n
-
-    def sentence_cost(self, hyp: list[Token], ref: Optional[list[Token]]) -> float:
-        return 1.0 - unique_ngram_share([hyp], self.n)
-
-
-def unique_ngram_share(sequences: Sequence[Sequence[Token]], n: int, pooled: bool = True) -> float:
-    """Share of unique n-grams: distinct n-grams / all n-grams, in [0, 1] (1: nothing repeats).
-
-    The n-grams of each sequence are taken inside it (none spans two sequences).
-    pooled: over the whole set, an n-gram counting once however many sequences
-        hold it: the diversity of a set of samples (Deng et al., 2020, Figure 2
-        right, compares sets of equal size this way). Otherwise the mean over the
-        sequences of at least n tokens of their own share (1 - the ``rep`` cost):
-        repetition inside a sequence only.
-    Returns 1.0 when no sequence has n tokens.
-    """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    grams = [[tuple(s[i : i + n]) for i in range(len(s) - n + 1)] for s in sequences]
-    grams = [g for g in grams if g]
-    if not grams:
-        return 1.0
-    if pooled:
-        return len({x for g in grams for x in g}) / sum(len(g) for g in grams)
-    return sum(len(set(g)) / len(g) for g in grams) / len(grams)
-
-
-@register_task_loss("nonterm")
-class NonTerminationCost(TaskLoss):
-    """1 if the hypothesis contains no ``eos`` token (it did not terminate), else 0."""
-
-    needs_reference = False
-    input_kind = "tokens"
-
-    def __init__(self, eos: Token) -> None:
-        self.eos = eos
-
-    def sentence_cost(self, hyp: list[Token], ref: Optional[list[Token]]) -> float:
-        return 0.0 if self.eos in hyp else 1.0
-
-
-@register_task_loss("hamming")
-class HammingCost(TaskLoss):
-    """Weighted Hamming cost over the reference horizon.
-
-    Δ(ŷ, y) = Σ_{i < |y|} w(y_i) [ŷ_i != y_i], where a missing ŷ_i (ŷ shorter
-    than y) is a mismatch and positions past |y| are ignored. ``weights`` maps
-    a label to its weight (default 1.0), e.g. {"O": 2.0}; its keys must have the
-    type of the tokens (str labels or int ids). With ``normalize`` the sum is
-    divided by Σ_i w(y_i), which is |y| for unit weights and keeps the cost in
-    [0, 1]; an empty reference costs 0. The caller strips EOS and padding.
-    """
-
-    needs_reference = True
-    input_kind = "tokens"
-
-    def __init__(
-        self, weights: Optional[dict[Token, float]] = None, normalize: bool = False
-    ) -> None:
-        self.weights = dict(weights or {})
-        for label, w in self.weights.items():
-            if not (math.isfinite(w) and w >= 0):
-                raise ValueError(f"hamming: weight of {label!r} must be finite and >= 0, got {w}")
-        self.normalize = normalize
-
-    def sentence_cost(self, hyp: list[Token], ref: list[Token]) -> float:
-        w = [self.weights.get(label, 1.0) for label in ref]
-        cost = sum(wi for i, wi in enumerate(w) if i >= len(hyp) or hyp[i] != ref[i])
-        if self.normalize:
-            total = sum(w)
-            return cost / total if total > 0 else 0.0
-        return float(cost)
-
-
-def parse_label_weights(spec: str) -> dict[str, float]:
-    """Parse ``"O=2.0,B-PER=1.5"`` into ``{"O": 2.0, "B-PER": 1.5}``.
-
-    Whitespace around items is ignored; an empty or blank spec gives ``{}``. The
-    label is everything before the last ``=``. Raises ``ValueError`` for an item
-    without ``=``, an empty label, a weight that is not a finite number >= 0,
-    or a label given twice.
-    """
-    weights: dict[str, float] = {}
-    if not spec.strip():
-        return weights
-    for item in spec.split(","):
-        item = item.strip()
-        label, sep, value = item.rpartition("=")
-        label = label.strip()
-        if not sep:
-            raise ValueError(
-                f"label weight {item!r} in {spec!r} is not of the form LABEL=WEIGHT"
-            )
-        if not label:
-            raise ValueError(f"label weight {item!r} in {spec!r} has an empty label")
-        try:
-            weight = float(value)
-        except ValueError:
-            raise ValueError(
-                f"label weight {item!r} in {spec!r}: {value.strip()!r} is not a number"
-            ) from None
-        if not (math.isfinite(weight) and weight >= 0):
-            raise ValueError(f"label weight {item!r} in {spec!r}: weight must be finite and >= 0")
-        if label in weights:
-            raise ValueError(f"label {label!r} is given twice in {spec!r}")
-        weights[label] = weight
-    return weights
-
-
-SUBWORD_MARKS = {
-    "sentencepiece": "start with '\u2581'",  # word-initial pieces carry U+2581 (LOWER ONE EIGHTH BLOCK)
-    "subword_nmt": "end with '@@'",  # word-internal pieces are followed by '@@'
-}
-
-
-def detect_subword_scheme(symbols: Iterable[str], min_share: float = 0.05) -> tuple[Optional[str], float]:
-    """Which subword segmentation ``symbols`` look like, with the share of them marked.
-
-    symbols: a vocabulary's symbols (special symbols left out) or the whitespace
-        tokens of a text.
-    Returns ``("sentencepiece", share)`` when the share of symbols starting with
-    U+2581 is the larger mark and at least ``min_share``, ``("subword_nmt",
-    share)`` likewise for symbols ending in ``@@``, else ``(None, larger share)``.
-    Neither mark occurs in ordinary words, so a real subword vocabulary is far
-    above the 5% default (sentencepiece: most words start a piece; subword-nmt:
-    every split word leaves an ``@@`` piece), and a word vocabulary is at 0.
-    """
-    n = sp = bpe = 0
-    for s in symbols:
-        n += 1
-        sp += s.startswith("\u2581")
-        bpe += s.endswith("@@")
-    if n == 0:
-        return None, 0.0
-    scheme, share = ("sentencepiece", sp / n) if sp >= bpe else ("subword_nmt", bpe / n)
-    return (scheme if share > 0 and share >= min_share else None), share

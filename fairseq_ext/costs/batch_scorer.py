@@ -15,10 +15,9 @@ from fairseq import utils
 from torch import Tensor
 
 from fairseq_ext.runtime.cli import ConfigError
-from fairseq_ext.core.task_losses import (TASK_LOSS_SPEC, parse_task_loss_spec, split_options, task_loss_class,
-                                          task_loss_names)
+from fairseq_ext.core.task_losses import TASK_LOSS_SPEC, CostTerm, parse_task_loss_spec, task_loss_names
 from fairseq_ext.runtime.distributed import unwrap
-from fairseq_ext.costs.sequence_cost import LMScorerCost, SequenceCost, resolve_post_process, text_tools
+from fairseq_ext.costs.sequence_cost import SequenceCost, frozen_model, resolve_post_process, text_tools
 
 logger = logging.getLogger(__name__)
 
@@ -28,10 +27,10 @@ TASK_LOSS_HELP = ("{what}: a registered cost (" + ", ".join(task_loss_names()) +
                   "'my_costs:Quality=1,sbleu=0.5'")
 
 
-def parse_cost_spec(spec: str, option: str = "--mgs-task-loss") -> Dict[str, float]:
-    """``"sbleu"`` -> {"sbleu": 1.0}; ``"edit=1,rep=0.5"`` -> {"edit": 1.0, "rep": 0.5}; a name
-    may be the import path of the user's own cost, ``"my_costs:QualityCost=1,sbleu=0.5"``.
-    A bad spec: the ConfigError of the option (the message of its constraint)."""
+def parse_cost_spec(spec: str, option: str = "--mgs-task-loss") -> Tuple[CostTerm, ...]:
+    """The weighted terms of ``spec`` (``core.task_losses.parse_task_loss_spec``: ``"sbleu"``,
+    ``"edit=1,rep=0.5"``, ``"my_costs:QualityCost=1,sbleu=0.5"``). A bad spec: the ConfigError of
+    the option (the message of its constraint)."""
     refusal = TASK_LOSS_SPEC.refusal(spec)
     if refusal is not None:
         raise ConfigError(f"{option} {refusal}")
@@ -61,38 +60,38 @@ class BatchScorer:
 
     def __init__(self, task, spec: str, post_process: Optional[str] = "auto", score_model: Optional[str] = None,
                  criterion: str = "mgs"):
-        self.weights = parse_cost_spec(spec, f"--{criterion}-task-loss")
+        self.terms = parse_cost_spec(spec, f"--{criterion}-task-loss")
+        self.weights = {term.name: term.weight for term in self.terms}
         self.dictionary = task.target_dictionary
-        classes = {name: task_loss_class(name) for name in self.weights}
         option = self.post_process_option = f"--{criterion}-post-process"
-        text_costs = [name for name, cls in classes.items() if cls.input_kind == "text"]
+        text_costs = [t.name for t in self.terms if t.cls.input_kind == "text"]
         self.post_process = resolve_post_process(post_process, self.dictionary, option, text_costs)
         # the sources: the source sentences of a translation task, the prefixes (target side) of text completion
-        source_dictionary = None
+        self.source_dictionary = None
         if not continues_prefixes(task) and getattr(task, "source_dictionary", None) is not None:
-            source_dictionary = task.source_dictionary
-        source_text = [name for name, cls in classes.items()
-                       if cls.needs_source and (cls.source_kind or cls.input_kind) == "text"]
-        source_post_process = (resolve_post_process(post_process, source_dictionary, option + " (sources)",
-                                                    source_text) if source_dictionary is not None else None)
+            self.source_dictionary = task.source_dictionary
+        source_text = [t.name for t in self.terms
+                       if t.cls.needs_source and (t.cls.source_kind or t.cls.input_kind) == "text"]
+        self.source_post_process = (resolve_post_process(post_process, self.source_dictionary, option + " (sources)",
+                                                         source_text) if self.source_dictionary is not None else None)
         self.score_model_path = score_model
         self.costs: Dict[str, SequenceCost] = {}
         self._cache = None
         self.seconds = 0.0  # time spent computing costs, since the caller last reset it
-        # the lm cost (options allowed: lm(normalize=true)) is built with its scorer
-        self.lm_name = next((name for name in self.weights if split_options(name)[0] == "lm"), None)
-        for name in self.weights:
-            if name == self.lm_name:
-                continue  # built lazily: needs the scorer
+        for term in self.terms:
+            if term.cls.needs_model:
+                continue  # built by bind_model
             try:
-                self.costs[name] = SequenceCost(name, self.dictionary, post_process=self.post_process,
-                                                source_dictionary=source_dictionary,
-                                                source_post_process=source_post_process)
+                self.costs[term.name] = self._build(term)
             except ValueError as err:  # a cost that cannot be built (a missing package, a bad option value)
-                raise ConfigError(f"--{criterion}-task-loss {name}: {err}") from None
-        if self.lm_name is not None and score_model is not None:
-            self.costs[self.lm_name] = SequenceCost(self.lm_name, self.dictionary,
-                                                    scorer=LMScorerCost.from_checkpoint(score_model).scorer)
+                raise ConfigError(f"--{criterion}-task-loss {term.name}: {err}") from None
+        if score_model is not None and any(t.cls.needs_model for t in self.terms):
+            self._bind(frozen_model(score_model))
+
+    def _build(self, term: CostTerm, **options) -> SequenceCost:
+        return SequenceCost(term, self.dictionary, post_process=self.post_process,
+                            source_dictionary=self.source_dictionary, source_post_process=self.source_post_process,
+                            **options)
 
     def configure_text(self, cfg, task) -> None:
         """Text costs see the data's text as its metric does: fairseq's ``--bpe`` and
@@ -118,12 +117,19 @@ class BatchScorer:
         seconds, self.seconds = self.seconds, 0.0
         return seconds
 
-    def ensure_lm_scorer(self, model) -> None:
-        """Freeze a copy of ``model`` as the ``lm`` scorer, once (when no checkpoint was given)."""
-        if self.lm_name is not None and self.lm_name not in self.costs:
-            scorer = copy.deepcopy(unwrap(model))
-            self.costs[self.lm_name] = SequenceCost(self.lm_name, self.dictionary, scorer=scorer)
-            self._cache = None
+    def bind_model(self, model) -> None:
+        """Build the costs that read a fairseq model (``TaskLoss.needs_model``: ``lm``) on a frozen
+        copy of ``model``, once: the ``score_model`` checkpoint's when one was given, else the
+        model being trained, as it is when this is first called (MGS paper: the LM task loss
+        under the model as it was when fine-tuning started)."""
+        if any(t.cls.needs_model and t.name not in self.costs for t in self.terms):
+            self._bind(copy.deepcopy(unwrap(model)))
+
+    def _bind(self, model) -> None:
+        for term in self.terms:
+            if term.cls.needs_model and term.name not in self.costs:
+                self.costs[term.name] = SequenceCost(term, self.dictionary, model=model)
+        self._cache = None
 
     def references(self, sample: Dict) -> List[Tensor]:
         return [utils.strip_pad(t, self.dictionary.pad()) for t in sample["target"]]

@@ -19,15 +19,15 @@ section 5.1: "LM" task loss).
 import json
 import logging
 from argparse import Namespace
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from fairseq.data import data_utils
 from torch import Tensor
 
 from fairseq_ext.runtime.cli import ConfigError
-from fairseq_ext.core.task_losses import SUBWORD_MARKS, TaskLoss, build_task_loss, detect_subword_scheme, split_options
-from fairseq_ext.core.task_losses import register_task_loss
+from fairseq_ext.core.subwords import SUBWORD_MARKS, detect_subword_scheme
+from fairseq_ext.core.task_losses import CostTerm, TaskLoss, parse_task_loss_spec, register_task_loss
 from fairseq_ext.scoring.teacher_forced import sequence_log_probs
 
 logger = logging.getLogger(__name__)
@@ -139,21 +139,15 @@ class LMScorerCost(TaskLoss):
 
     needs_reference = False
     needs_source = True
+    needs_model = True
     input_kind = "ids"
 
-    def __init__(self, scorer: torch.nn.Module, normalize: bool = False, left_pad_source: bool = True):
-        self.scorer = scorer.eval()
+    def __init__(self, model: torch.nn.Module, normalize: bool = False, left_pad_source: bool = True):
+        self.scorer = model.eval()
         for p in self.scorer.parameters():
             p.requires_grad_(False)
         self.normalize = normalize
         self.left_pad_source = left_pad_source
-
-    @classmethod
-    def from_checkpoint(cls, path: str, normalize: bool = False) -> "LMScorerCost":
-        from fairseq import checkpoint_utils
-
-        models, _ = checkpoint_utils.load_model_ensemble([path])
-        return cls(models[0], normalize=normalize)
 
     def setup(self, device: torch.device) -> None:
         self.scorer.to(device)
@@ -180,12 +174,20 @@ class LMScorerCost(TaskLoss):
         return costs.float()
 
 
-class SequenceCost:
-    """Costs of fairseq token tensors under a named task loss.
+def frozen_model(path: str) -> torch.nn.Module:
+    """The model of a fairseq checkpoint, for a cost that reads one (``TaskLoss.needs_model``)."""
+    from fairseq import checkpoint_utils
 
-    name: a registered task loss (``sbleu``, ``chrf``, ``edit``, ``rep``,
-        ``nonterm``, ``hamming``, ``lm``) or the import path of the user's own
-        (``module:Class``).
+    models, _ = checkpoint_utils.load_model_ensemble([path])
+    return models[0]
+
+
+class SequenceCost:
+    """Costs of fairseq token tensors under a task loss.
+
+    term: a term of a parsed spec (``core.task_losses.CostTerm``), or the name of one cost,
+        with its options (``sbleu``, ``chrf(beta=1)``, ``edit``, ``rep``, ``nonterm``,
+        ``hamming``, ``lm``, or the import path of the user's own, ``module:Class``).
     dictionary: the target dictionary the token ids refer to.
     post_process: BPE removal for text losses (fairseq's ``--post-process``
         values: ``sentencepiece``, ``subword_nmt``, ``@@ ``, ...).
@@ -193,15 +195,17 @@ class SequenceCost:
     source_dictionary, source_post_process: the same for the sources, for a loss
         that reads them (default: the target's).
     options: passed to the loss (e.g. ``n=4`` for ``rep``, ``weights`` for
-        ``hamming``, ``scorer`` for ``lm``).
+        ``hamming``, ``model`` for ``lm``).
     """
 
-    def __init__(self, name: str, dictionary, post_process: Optional[str] = None, tokenizer=None,
+    def __init__(self, term: Union[CostTerm, str], dictionary, post_process: Optional[str] = None, tokenizer=None,
                  source_dictionary=None, source_post_process: Optional[str] = None, **options):
-        self.name = split_options(name)[0]  # without its options: chrf(beta=1) is a chrf
+        if isinstance(term, str):
+            (term,) = parse_task_loss_spec(term)
+        self.name = term.base  # without its options: chrf(beta=1) is a chrf
         if self.name == "nonterm":
             options.setdefault("eos", dictionary[dictionary.eos()])
-        self.loss = build_task_loss(name, **options)
+        self.loss = term.build(**options)
         self.target = _Side(dictionary, post_process, tokenizer)
         self.source = _Side(source_dictionary or dictionary,
                             source_post_process if source_dictionary is not None else post_process, tokenizer)

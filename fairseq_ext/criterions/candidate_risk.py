@@ -74,7 +74,7 @@ class CandidateRiskCriterion(FairseqCriterion):
         return forward_in_wrapper(model, self._forward, sample)
 
     def _forward(self, module, sample):
-        self.scorer.ensure_lm_scorer(module)
+        self.scorer.bind_model(module)
         decoded = self.decode(module, sample)
         cand, batch = decoded.candidates, decoded.batch
         hyps, index, tokens = self.candidate_set(module, cand, batch)

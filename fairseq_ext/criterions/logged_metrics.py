@@ -10,7 +10,7 @@ from typing import Dict, List, Sequence, Tuple
 from fairseq import metrics, utils
 from torch import Tensor
 
-from fairseq_ext.core.task_losses import unique_ngram_share
+from fairseq_ext.core.token_costs import unique_ngram_share
 
 
 def summed(logging_outputs: Sequence[dict], key: str) -> float:

@@ -270,7 +270,7 @@ class MGSCriterion(FairseqCriterion):
         if not model.training:
             return self._validate(model, sample)
         module = unwrap(model)
-        self.scorer.ensure_lm_scorer(module)
+        self.scorer.bind_model(module)
         seed = self._step_seed()
         device = next(module.parameters()).device  # a sampling generator must live where the probabilities do
         batched = self._batched_for(module)
@@ -327,7 +327,7 @@ class MGSCriterion(FairseqCriterion):
 
     def _validate(self, model, sample):
         module = unwrap(model)
-        self.scorer.ensure_lm_scorer(module)
+        self.scorer.bind_model(module)
         with torch.no_grad():
             net_output = module(**sample["net_input"])
             lprobs = module.get_normalized_probs(net_output, log_probs=True)

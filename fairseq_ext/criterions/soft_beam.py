@@ -49,7 +49,7 @@ from fairseq_ext.core.beam_relaxation import (
     soft_beam_loss,
     soft_max_score,
 )
-from fairseq_ext.core.task_losses import parse_label_weights
+from fairseq_ext.core.beam_relaxation import parse_label_weights
 from fairseq_ext.runtime.clock import TrainingClock, check_model_at_start
 from fairseq_ext.runtime.distributed import forward_in_wrapper
 from fairseq_ext.decoding.beam_search import (

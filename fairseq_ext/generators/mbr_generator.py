@@ -89,7 +89,7 @@ class MBRGenerator:
         self.nbest = int(getattr(args, "nbest", 1) or 1)
         self.scorer = BatchScorer(task, cfg.mbr_task_loss, post_process=cfg.mbr_post_process,
                                   score_model=cfg.mbr_score_model, criterion="mbr")
-        self.scorer.ensure_lm_scorer(self.model)
+        self.scorer.bind_model(self.model)
         self.qe = not any(cost.needs_reference for cost in self.scorer.costs.values())
         if cfg.mbr_aggregate and not self.qe:
             missing = not_aggregatable(self.scorer)

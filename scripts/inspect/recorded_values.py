@@ -25,6 +25,8 @@ CRITERIA = {
     "mgs-sequential": ["--criterion", "mgs", "--mgs-task-loss", "edit", "--mgs-candidate-evaluation", "sequential"],
     "mrt": ["--criterion", "mrt", "--mrt-task-loss", "edit"],
     "mrt-sample": ["--criterion", "mrt", "--mrt-task-loss", "edit", "--mrt-decoder", "sample", "--mrt-candidates", "4"],
+    "mgs-lm": ["--criterion", "mgs", "--mgs-task-loss", "lm(normalize=true)"],
+    "mrt-mixed": ["--criterion", "mrt", "--mrt-task-loss", "chrf(beta=1)=1,edit=0.5,rep=0.2,nonterm=0.1"],
     "pg": ["--criterion", "pg", "--pg-task-loss", "edit"],
     "pg-greedy": ["--criterion", "pg", "--pg-task-loss", "edit", "--pg-baseline", "greedy"],
     "dss": ["--criterion", "differentiable_scheduled_sampling"],

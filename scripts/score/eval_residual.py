@@ -19,7 +19,7 @@ For every (prefix, continuation) block of ``--gen-subset``:
   proposals with ``--residual-joint-topk``, one pick in proportion to exp(-E);
   generators/joint_sampler.py), one base-LM sample (the first proposal of the same
   set: the same top-k) and the real continuation; the share of unique 2/3/4-grams
-  of each set (core/task_losses.unique_ngram_share: pooled over the set, and the
+  of each set (core/token_costs.unique_ngram_share: pooled over the set, and the
   mean within a continuation). With ``--residual-joint-samples`` = n and top-k 0 the joint
   sampler reuses the log-Z samples.
 - Figure 3: log-likelihoods of whole continuations under the base LM (real vs
@@ -40,7 +40,7 @@ from fairseq import checkpoint_utils, options, tasks
 
 import fairseq_ext  # noqa: F401  (registers residual_lm / residual_energy)
 from fairseq_ext.core.residual_ebm import joint_log_prob, log_z_estimates, perplexity, resample
-from fairseq_ext.core.task_losses import unique_ngram_share
+from fairseq_ext.core.token_costs import unique_ngram_share
 from fairseq_ext.generators.joint_sampler import JointSampler, lm_log_prob, with_prefixes
 
 SETS = ("real", "base_lm", "joint")  # the continuations compared (Figure 2 right, Figure 3)

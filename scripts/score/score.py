@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from fairseq_ext.core import task_losses
+from fairseq_ext.core import subwords, task_losses
 from fairseq_ext.evaluation.comparison import print_scores
 from fairseq_ext.evaluation.generate_output import read_generate_file, read_lines
 from fairseq_ext.evaluation.translation import bleu_by_source_length, format_table, remove_bpe, score
@@ -79,8 +79,8 @@ def task_loss_costs(spec: str, where: str, have_sources: bool) -> dict:
     if refusal is not None:
         raise ConfigError(f"--task-loss {refusal}")
     out = {}
-    for name, weight in task_losses.parse_task_loss_spec(spec).items():
-        cls = task_losses.task_loss_class(name)
+    for term in task_losses.parse_task_loss_spec(spec):
+        name, cls = term.name, term.cls
         if cls.input_kind == "ids" or (cls.needs_source and (cls.source_kind or cls.input_kind) == "ids"):
             raise ConfigError(f"--task-loss: {name!r} takes token ids, which text output does not have; score it "
                               "with the criteria's validation instead")
@@ -88,11 +88,11 @@ def task_loss_costs(spec: str, where: str, have_sources: bool) -> dict:
             raise ConfigError(f"--task-loss: {name!r} reads the source, and {where} has none "
                               "(S- lines, or --src with --hyp)")
         try:
-            cost = task_losses.build_task_loss(name)
+            cost = term.build()
         except (TypeError, ValueError) as err:
             raise ConfigError(f"--task-loss: {name!r} cannot be built without options: {err}") from None
         cost.setup(torch.device(cost.device or "cpu"))
-        out[name] = (weight, cost)
+        out[name] = (term.weight, cost)
     return out
 
 
@@ -187,9 +187,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
     hyps = [remove_bpe(h, args.bpe_symbol) for h in hyps]
     refs = [remove_bpe(r, args.bpe_symbol) for r in refs]
-    scheme, share = task_losses.detect_subword_scheme(t for r in refs for t in r.split())
+    scheme, share = subwords.detect_subword_scheme(t for r in refs for t in r.split())
     if scheme is not None:
-        print(f"{parser.prog}: warning: {share:.0%} of the reference tokens {task_losses.SUBWORD_MARKS[scheme]}: "
+        print(f"{parser.prog}: warning: {share:.0%} of the reference tokens {subwords.SUBWORD_MARKS[scheme]}: "
               f"scoring {scheme} pieces, not words; pass --bpe-symbol {scheme} (or generate with --post-process "
               f"{scheme})", file=sys.stderr)
     results = score(hyps, refs, raw_hyps, args.max_len)
