@@ -43,15 +43,20 @@ def test_symbols_keep_eos_only_for_nonterm():
     assert SequenceCost("edit", d)(hyp, [torch.tensor([4, 5, d.eos()])] * 2).tolist() == pytest.approx([0.0, 0.5])
 
 
-def test_lm_cost_equals_teacher_forced(untrained_models):
-    task, model = untrained_models["transformer"]
+@pytest.mark.parametrize("arch", ["transformer", "lstm"])
+def test_lm_cost_equals_teacher_forced(untrained_models, arch):
+    """Each hypothesis's cost is its own teacher-forced NLL, with the sources in any order (candidate sets
+    of several parameter sets one after another; fairseq's LSTM encoder needs its batch longest first)
+    and repeated."""
+    task, model = untrained_models[arch]
     d = task.target_dictionary
     src = [torch.tensor([5, 6, 7, d.eos()]), torch.tensor([8, d.eos()])]
     hyps = [torch.tensor([9, 10, d.eos()]), torch.tensor([11, d.eos()])]
+    src, hyps = src + src[::-1] + src[:1], hyps + hyps[::-1] + hyps[1:]  # short sources before long ones
     cost = LMScorerCost(copy.deepcopy(model))(hyps, sources=src)  # a copy: the scorer freezes its parameters
     model.eval()
     with torch.no_grad():
-        for i in range(2):
+        for i in range(len(src)):
             out = model(src[i].unsqueeze(0), torch.tensor([len(src[i])]), torch.cat([torch.tensor([d.eos()]), hyps[i][:-1]]).unsqueeze(0))
             lp = model.get_normalized_probs(out, log_probs=True)[0]
             expected = -lp.gather(-1, hyps[i].unsqueeze(-1)).sum()

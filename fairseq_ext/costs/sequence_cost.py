@@ -161,8 +161,17 @@ class LMScorerCost(TaskLoss):
         sources = [x.to(device) for x in sources]
         index = torch.arange(len(hyps), device=device)
         if getattr(self.scorer, "encoder", None) is not None:
-            src = data_utils.collate_tokens(sources, pad, eos, left_pad=self.left_pad_source)
-            sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([len(x) for x in sources], device=device)}}
+            # each distinct source encoded once, the longest first (fairseq's LSTM encoder packs its batch
+            # and needs the lengths in decreasing order, as fairseq's batches have them)
+            distinct = {}
+            for x in sources:
+                distinct.setdefault(tuple(x.tolist()), x)
+            order = sorted(distinct, key=len, reverse=True)
+            row = {key: i for i, key in enumerate(order)}
+            index = torch.tensor([row[tuple(x.tolist())] for x in sources], device=device)
+            unique = [distinct[key] for key in order]
+            src = data_utils.collate_tokens(unique, pad, eos, left_pad=self.left_pad_source)
+            sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([len(x) for x in unique], device=device)}}
             lp = sequence_log_probs(self.scorer, sample, hyps, index)
         else:
             prefixes = data_utils.collate_tokens(sources, pad, eos, left_pad=False)
