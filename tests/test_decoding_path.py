@@ -1,5 +1,5 @@
 """--decoding-path, the one option that chooses how every decoding criterion decodes
-(fairseq_ext/decoding/paths.py): for MGS, MRT, PG, DSS and both soft beam criteria,
+(fairseq_ext/decoding/steps.py): for MGS, MRT, PG, DSS and both soft beam criteria,
 parsed by fairseq from the command line, ``fairseq`` builds no static-cache step and
 ``static-cache`` builds one, and the two give the same loss and gradients from the same
 random state (the paths draw the same random numbers for the same rows)."""

@@ -266,7 +266,7 @@ def test_static_cache_decoding_on_cuda(arch, toy_bin, toy_lm_bin):
     from fairseq import utils
 
     from fairseq_ext.decoding.candidates import DecodeConfig, decode_candidates
-    from fairseq_ext.decoding.paths import decoder_step, unsupported_reason
+    from fairseq_ext.decoding.steps import decoder_step, unsupported_reason
     from fairseq_ext.decoding.batch import decode_inputs
 
     data, task_name, extra = ((toy_bin, "translation", []) if arch in ("transformer", "lstm")

@@ -15,7 +15,7 @@ from conftest import REPO, run_cli_batch
 from fairseq_ext.options import plugin_components  # the package import registers them
 
 # The prefix of each plugin component's own options (the naming rule itself); the decoding criteria
-# share --decoding-path (decoding/paths.py).
+# share --decoding-path (decoding/steps.py).
 PREFIXES = {
     ("criterion", "mgs"): ("mgs-", "decoding-"),
     ("criterion", "mrt"): ("mrt-", "decoding-"),

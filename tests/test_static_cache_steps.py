@@ -28,7 +28,7 @@ import fairseq.utils
 from fairseq_ext.decoding.candidates import (DecodeConfig, ParameterSets, _encode_sets, decode_candidates,
                                              decode_grouped, decode_with_greedy, grouped_reason)
 from fairseq_ext.scoring.teacher_forced import sequence_log_probs
-from fairseq_ext.decoding.paths import decoder_step, unsupported_reason
+from fairseq_ext.decoding.steps import decoder_step, unsupported_reason
 from fairseq_ext.decoding.transformer_step import TransformerStep
 from fairseq_ext.decoding.lstm_step import LSTMStep
 from fairseq_ext.decoding.batch import decode_inputs
@@ -234,12 +234,12 @@ def _hooked(model):
 def test_other_decoders_take_fairseqs_path_with_one_log_line(untrained_models, caplog, monkeypatch):
     """Candidate decoding and DSS's pass each say once that a decoder the steps do not
     cover (an lstm with a forward hook) takes fairseq's path."""
-    from fairseq_ext.decoding import paths
+    from fairseq_ext.decoding import steps
     from fairseq_ext.decoding.dss_passes import run_scheduled_sampling
 
     task, model = untrained_models["lstm"]
     model = _hooked(model)
-    monkeypatch.setattr(paths, "_FALLBACK_LOGGED", set())
+    monkeypatch.setattr(steps, "_FALLBACK_LOGGED", set())
     task.load_dataset("valid")
     sample = _batch(task)
     fed = torch.zeros_like(sample["net_input"]["prev_output_tokens"], dtype=torch.bool)

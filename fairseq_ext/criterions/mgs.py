@@ -51,7 +51,7 @@ from fairseq_ext.runtime.distributed import all_reduce_sum_, pooled_mean, pooled
 from fairseq_ext.runtime.validation import check_options
 from fairseq_ext.decoding.batch import decode_batch
 from fairseq_ext.decoding.candidates import STRATEGIES, DecodeConfig, ParameterSets, grouped_reason
-from fairseq_ext.decoding.paths import DecodingPathConfig
+from fairseq_ext.decoding.steps import DecodingPathConfig
 from fairseq_ext.costs.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.tasks.text_completion import TextCompletionTask
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC

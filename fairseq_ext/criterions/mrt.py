@@ -19,7 +19,7 @@ from fairseq_ext.core.risk import distinct_mask, mrt_distribution, mrt_risk, nor
 from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
 from fairseq_ext.decoding.candidates import STRATEGIES, DecodeConfig
 from fairseq_ext.scoring.teacher_forced import pad_columns
-from fairseq_ext.decoding.paths import DecodingPathConfig
+from fairseq_ext.decoding.steps import DecodingPathConfig
 from fairseq_ext.costs.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
 from fairseq_ext.costs.batch_scorer import TASK_LOSS_HELP, BatchScorer

@@ -23,7 +23,7 @@ from fairseq_ext.criterions.candidate_risk import CandidateRiskCriterion
 from fairseq_ext.runtime.distributed import pooled_mean
 from fairseq_ext.decoding.batch import decode_batch
 from fairseq_ext.decoding.candidates import DecodeConfig
-from fairseq_ext.decoding.paths import DecodingPathConfig
+from fairseq_ext.decoding.steps import DecodingPathConfig
 from fairseq_ext.costs.sequence_cost import POST_PROCESS_HELP
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
 from fairseq_ext.costs.batch_scorer import TASK_LOSS_HELP, BatchScorer

@@ -39,7 +39,7 @@ from fairseq_ext.runtime.clock import UNITS, TrainingClock, check_model_at_start
 from fairseq_ext.runtime.distributed import forward_in_wrapper
 from fairseq_ext.decoding.soft_inputs import check_step_decodable
 from fairseq_ext.decoding.dss_passes import make_noise_fn, run_scheduled_sampling
-from fairseq_ext.decoding.paths import DecodingPathConfig
+from fairseq_ext.decoding.steps import DecodingPathConfig
 from fairseq_ext.runtime.validation import as_options, check_options
 
 logger = logging.getLogger(__name__)

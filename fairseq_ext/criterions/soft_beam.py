@@ -59,7 +59,7 @@ from fairseq_ext.decoding.beam_search import (
     run_beam,
 )
 from fairseq_ext.decoding.soft_inputs import check_step_decodable
-from fairseq_ext.decoding.paths import DecodingPathConfig
+from fairseq_ext.decoding.steps import DecodingPathConfig
 from fairseq_ext.generators.beam_generator import remember_normalization
 from fairseq_ext.runtime.validation import as_options, check_options
 

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from fairseq_ext.core.beam_relaxation import hard_beam_step, soft_beam_step
 from fairseq_ext.decoding.compiled_step import compiled as compiled_function, compiled_logits
-from fairseq_ext.decoding.paths import decoder_step, static_cache
+from fairseq_ext.decoding.steps import decoder_step, static_cache
 from fairseq_ext.decoding.soft_inputs import (
     EmbeddingOverride,
     SoftReorder,
@@ -175,7 +175,7 @@ def run_beam(
     costs, and added to the candidate scores when ``augment``. dropout:
     ``independent``, ``shared`` or ``none`` (module docstring). path: ``static-cache``,
     the static-cache step where it covers the decoder; ``fairseq``, fairseq's incremental
-    path always (``paths.static_cache``).
+    path always (``steps.static_cache``).
     compiled: the static-cache step and the soft beam's step (``soft_beam_step``)
     compiled by ``torch.compile`` (``compiled_step``).
     """

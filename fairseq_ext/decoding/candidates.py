@@ -2,7 +2,7 @@
 PG and evaluation call.
 
 Greedy and ancestral sampling (temperature, top-k, top-p) of a fairseq ``transformer`` /
-``transformer_lm`` / ``lstm`` / ``lstm_lm`` run the static-cache step (``paths``): one
+``transformer_lm`` / ``lstm`` / ``lstm_lm`` run the static-cache step (``steps``): one
 step of few operators for all B x n rows, finished rows masked, and dropped from every
 cache together once at most half of the rows still run. Other decoders, and every model
 with ``DecodeConfig.path = "fairseq"`` (``--decoding-path fairseq``), run fairseq's
@@ -22,7 +22,7 @@ from torch import Tensor
 
 from fairseq_ext.core.constraints import CONSTRAINT, OneOf, ParameterError, above, at_least, check_fields, constraint_of
 from fairseq_ext.core.sampling import choose_tokens, filter_logits
-from fairseq_ext.decoding.paths import PATHS, decoder_step, static_cache, unsupported_reason
+from fairseq_ext.decoding.steps import PATHS, decoder_step, static_cache, unsupported_reason
 
 STRATEGIES = ("greedy", "sample", "beam")
 
@@ -44,7 +44,7 @@ class DecodeConfig:
         longest reference in the batch) (MGS uses 1.3).
     path: ``static-cache``, greedy and sampling with the static-cache step where it covers
         the decoder; ``fairseq``, fairseq's incremental decoding for every model
-        (``paths.static_cache``).
+        (``steps.static_cache``).
     """
 
     strategy: str = field(default="greedy", metadata={CONSTRAINT: OneOf(STRATEGIES)})

@@ -3,7 +3,7 @@ decoded left to right, each position fed the gold token or the previous step's
 relaxed decision, so that gradients flow back through every earlier decision; or
 the parallel approximation in N teacher-forced passes.
 
-The exact pass runs the differentiable static-cache step (``decoding.paths``) where it
+The exact pass runs the differentiable static-cache step (``decoding.steps``) where it
 covers the decoder, else fairseq's incremental path with the decisions fed through the
 embedding hook (``soft_inputs.EmbeddingOverride``); the parallel passes are fairseq's
 full forward.
@@ -17,7 +17,7 @@ from fairseq_ext.core.constraints import Rule, check_arguments, declare
 from fairseq_ext.core.relaxations import decision_embedding, gumbel_noise, is_sample
 from fairseq_ext.decoding.compiled_step import compiled_logits
 from fairseq_ext.decoding.soft_inputs import EmbeddingOverride, check_plain_output_layer, decoder_embedding
-from fairseq_ext.decoding.paths import decoder_step, static_cache
+from fairseq_ext.decoding.steps import decoder_step, static_cache
 
 NoiseFn = Callable[[Tensor], Tensor]
 
@@ -55,7 +55,7 @@ def run_scheduled_sampling(
     on pass p - 1's scores; P full-sequence forwards instead of T incremental steps.
 
     path: ``static-cache``, the static-cache step where it covers the decoder; ``fairseq``,
-    fairseq's incremental path (``paths.static_cache``); compiled: the exact pass's static-cache step compiled by ``torch.compile``
+    fairseq's incremental path (``steps.static_cache``); compiled: the exact pass's static-cache step compiled by ``torch.compile``
     (``compiled_step``).
 
     Returns the scores (N, T, V) the loss is computed on, and the per-step scores

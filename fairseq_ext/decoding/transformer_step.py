@@ -24,7 +24,7 @@ position of the decode (``_CollectedWeight``), not one product per position summ
 
 fairseq's ``LSTMDecoder`` (``lstm``, ``lstm_lm``) has its own step with the same
 interface, ``lstm_step.LSTMStep``; both build on ``step_base``, and
-``paths.decoder_step`` builds the one a model needs. ``transformer_unsupported_reason``
+``steps.decoder_step`` builds the one a model needs. ``transformer_unsupported_reason``
 names what a decoder has that this step does not cover (another decoder class;
 adaptive input or softmax, quantisation noise, cross-self-attention, NormFormer's
 extra scalings, attention biases, forward hooks on its modules, LayerDrop in

@@ -1,4 +1,4 @@
-"""Which path decodes: the static-cache step of the model's architecture family, or
+"""Which step object decodes: the static-cache step of the model's architecture family, or
 fairseq's own incremental decoding (the reference the steps are tested against).
 
 Every decoding criterion (MGS, MRT, PG, DSS, the soft beam) has one option for it,
