@@ -1,8 +1,10 @@
 """--decoding-path, the one option that chooses how every decoding criterion decodes
 (fairseq_ext/decoding/steps.py): for MGS, MRT, PG, DSS and both soft beam criteria,
 parsed by fairseq from the command line, ``fairseq`` builds no static-cache step and
-``static-cache`` builds one, and the two give the same loss and gradients from the same
-random state (the paths draw the same random numbers for the same rows)."""
+``static-cache`` builds one, both through the same search loop (the loop asks
+``steps.build_step`` for its step and gets ``FairseqStep`` or the static-cache step), and the
+two give the same loss and gradients from the same random state (the paths draw the same
+random numbers for the same rows)."""
 import os
 import subprocess
 
@@ -11,7 +13,8 @@ import torch
 from fairseq import options
 
 from conftest import REPO
-from fairseq_ext.decoding import lstm_step, transformer_step
+from fairseq_ext.decoding import beam_search, candidates, dss_passes, lstm_step, steps, transformer_step
+from fairseq_ext.decoding.fairseq_step import FairseqStep
 from fairseq_ext.synthetic import tiny_models
 
 CRITERIA = {
@@ -41,28 +44,42 @@ def _criterion(data, task, name, path):
     return task.build_criterion(args)
 
 
+LOOPS = (candidates, beam_search, dss_passes)  # the modules whose search loops ask build_step for a step
+
+
 def _run(model, sample, criterion, monkeypatch):
-    """(loss, gradients, static-cache steps built) of one update from seed 3."""
-    built = []
+    """(loss, gradients, static-cache steps built, {(the loop that asked, the step class it got)})
+    of one update from seed 3."""
+    built, asked = [], set()
     for cls in (transformer_step.TransformerStep, lstm_step.LSTMStep):
         init = cls.__init__
         monkeypatch.setattr(cls, "__init__", lambda self, *a, _init=init, **k: (built.append(1), _init(self, *a, **k))[1])
+    for module in LOOPS:
+        def recorded(*args, _module=module, **kwargs):
+            step = steps.build_step(*args, **kwargs)
+            asked.add((_module.__name__.rsplit(".", 1)[-1], type(step).__name__))
+            return step
+        monkeypatch.setattr(module, "build_step", recorded)
     model.zero_grad(set_to_none=True)
     torch.manual_seed(3)
     loss, _, _ = criterion(model, sample)
     loss.backward()
     monkeypatch.undo()
-    return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None], len(built)
+    return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None], len(built), asked
 
 
 @pytest.mark.parametrize("name", list(CRITERIA))
 def test_one_option_selects_fairseqs_path_for_every_criterion(translator, name, monkeypatch):
     data, task, model, sample = translator
     default = _criterion(data, task, name, None)
-    static_loss, static_grads, static_steps = _run(model, sample, default, monkeypatch)
-    ref_loss, ref_grads, ref_steps = _run(model, sample, _criterion(data, task, name, "fairseq"), monkeypatch)
+    static_loss, static_grads, static_steps, static_loops = _run(model, sample, default, monkeypatch)
+    ref_loss, ref_grads, ref_steps, ref_loops = _run(model, sample, _criterion(data, task, name, "fairseq"),
+                                                     monkeypatch)
     assert static_steps > 0, "the default decodes with the static-cache step"
     assert ref_steps == 0, "--decoding-path fairseq builds no static-cache step"
+    loops = {loop for loop, _ in static_loops}
+    assert len(loops) == 1 and static_loops == {(loop, "TransformerStep") for loop in loops}
+    assert ref_loops == {(loop, FairseqStep.__name__) for loop in loops}, "both paths run the same loop"
     assert torch.isfinite(static_loss) and abs(static_loss.item()) > 0
     assert (static_loss - ref_loss).abs().item() <= 1e-4 * max(1.0, ref_loss.abs().item())
     assert len(static_grads) == len(ref_grads)

@@ -150,3 +150,57 @@ def test_the_package_decodes_a_batch_through_decoding_batch():
              if module not in allowed and _imported_names(path) & DECODERS]
     assert not found, found
     assert _imported_names(os.path.join(PACKAGE, "decoding", "batch.py")) >= DECODERS
+
+
+# the search loops, one per search: greedy decoding / sampling, the soft and hard beam, DSS's exact pass
+LOOPS = {"candidates.py": "_greedy_or_sample", "beam_search.py": "_run_beam", "dss_passes.py": "_sequential"}
+# what names a decoding path: the choice, the step classes, fairseq's incremental machinery
+PATH_WORDS = {"path", "static_cache", "decoder_step", "use_step", "FairseqStep", "TransformerStep", "LSTMStep",
+              "incremental_state", "reorder_incremental_state_scripting", "reorder_encoder_out",
+              "EmbeddingOverride", "SoftReorder"}
+
+
+def _loop_words(path: str, function: str) -> Set[str]:
+    """The names and attributes ``function`` of ``path`` uses in its body, the arguments of its
+    ``build_step`` call left out (where the path is handed over)."""
+    tree = ast.parse(open(path).read(), path)
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function)
+    calls = [n for n in ast.walk(node) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "build_step"]
+    assert len(calls) == 1, f"{function} asks build_step for its step once"
+    skipped = {id(n) for call in calls for n in ast.walk(call)} | {id(n) for n in ast.walk(node.args)}
+    words = set()
+    for n in ast.walk(node):
+        if id(n) in skipped:
+            continue
+        if isinstance(n, ast.Name):
+            words.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            words.add(n.attr)
+        elif isinstance(n, ast.arg):
+            words.add(n.arg)
+    return words
+
+
+def test_the_search_loops_do_not_name_the_decoding_path():
+    """One loop per search serves both decoding paths: it gets its step from ``steps.build_step``
+    and never names the path, a step class or fairseq's incremental machinery; the step objects
+    are built in decoding/steps.py alone."""
+    for name, function in LOOPS.items():
+        named = _loop_words(os.path.join(PACKAGE, "decoding", name), function) & PATH_WORDS
+        assert not named, f"{name}:{function} names {sorted(named)}"
+    builders = {"fairseq_ext.decoding.steps.decoder_step", "fairseq_ext.decoding.fairseq_step.FairseqStep",
+                "fairseq_ext.decoding.transformer_step.TransformerStep", "fairseq_ext.decoding.lstm_step.LSTMStep"}
+    found = [module for module, path in _modules().items()
+             if module != "fairseq_ext.decoding.steps" and _imported_names(path) & builders]
+    assert not found, found
+
+
+def test_the_loop_check_sees_a_path_named():
+    """The check on a made-up loop that branches on the path."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write("def loop(model, path):\n    step = build_step(model, path)\n"
+                "    if static_cache(model.decoder, path, 'x'):\n        pass\n")
+    assert _loop_words(f.name, "loop") & PATH_WORDS == {"static_cache", "path"}  # path: in the if
+    os.unlink(f.name)

@@ -9,7 +9,8 @@ differentiable static-cache step (``transformer_step.TransformerStep``: the soft
 place of a token embedding, every layer's keys and values mixed by one batched
 product); other decoders (``lstm``, ``tagging_lstm``) run fairseq's incremental path,
 the soft input fed through the embedding hook of ``soft_inputs`` and the state mixed
-by ``SoftReorder``. The two paths compute the same search (tested: scores, costs,
+by ``SoftReorder`` (``fairseq_step.FairseqStep``); ``steps.build_step`` builds the one or the
+other, and one loop runs both. The two paths compute the same search (tested: scores, costs,
 hypotheses and gradients, dropout masks included). ``hard=True`` runs the discrete beam instead
 (exact top-k, index reorders, token inputs): the alpha -> inf limit, and a beam
 search that ranks by raw scores when ``normalization="global"``.
@@ -52,14 +53,9 @@ from fairseq.modules import FairseqDropout
 from torch import Tensor
 
 from fairseq_ext.core.beam_relaxation import hard_beam_step, soft_beam_step
-from fairseq_ext.decoding.compiled_step import compiled as compiled_function, compiled_logits
-from fairseq_ext.decoding.steps import decoder_step, static_cache
-from fairseq_ext.decoding.soft_inputs import (
-    EmbeddingOverride,
-    SoftReorder,
-    check_plain_output_layer,
-    decoder_embedding,
-)
+from fairseq_ext.decoding.compiled_step import compiled as compiled_function
+from fairseq_ext.decoding.soft_inputs import check_plain_output_layer, decoder_embedding
+from fairseq_ext.decoding.steps import build_step
 
 NORMALIZATIONS = ("local", "global")
 DROPOUT_MODES = ("none", "shared", "independent")
@@ -209,10 +205,7 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
     dictionary = decoder.dictionary
     # one row per sentence at step 0, unless k exceeds the candidates of one row
     K = 1 if k <= len(dictionary) else k
-    first_encoder_out = model.encoder(src, src_lengths=net_input.get("src_lengths"))
-    beam_rows = torch.arange(B, device=device).repeat_interleave(k)
-    if K == k:
-        first_encoder_out = model.encoder.reorder_encoder_out(first_encoder_out, beam_rows)
+    encoder_out = model.encoder(src, src_lengths=net_input.get("src_lengths"))
     eos, pad = dictionary.eos(), dictionary.pad()
     banned = torch.zeros(len(dictionary), dtype=torch.bool, device=device)  # special symbols but EOS
     banned[[dictionary.bos(), pad, dictionary.unk()]] = True
@@ -235,116 +228,91 @@ def _run_beam(model, net_input: Dict[str, Tensor], horizon: Tensor, beam: int, a
     live = torch.arange(B, device=device)
     live_scores, live_costs, live_horizon, live_step_costs = scores, costs, horizon, step_costs
     finished = torch.zeros(B, k, dtype=torch.bool, device=device)
-    state: Dict = {}
-    # the static-cache step (it holds the encoder's part of every row's state), built before
-    # the embedding hook, which it would take for a user's hook
-    static_step = decoder_step(model, first_encoder_out, torch.arange(B * K, device=device), T, differentiable=True,
-                        compiled=compiled) if static_cache(decoder, path, "soft beam search") else None
+    # the step (it holds the encoder's part of every row's state)
+    step_fn = build_step(model, encoder_out, torch.arange(B, device=device).repeat_interleave(K), T, path,
+                         "soft beam search", differentiable=True, compiled=compiled)
     relaxed_step = compiled_function(soft_beam_step, "the soft beam's step") if compiled else soft_beam_step
-    if static_step is not None:  # it holds the rows' encoder output
-        step_logits = compiled_logits(static_step) if compiled else static_step.logits
-        reorder_rows, mix_rows = static_step.reorder, static_step.mix
-    else:
-        encoder_out = first_encoder_out if K == k else model.encoder.reorder_encoder_out(first_encoder_out, beam_rows)
-        reorder_rows = functools.partial(decoder.reorder_incremental_state_scripting, state)
-        mix_rows = functools.partial(SoftReorder(decoder), state)
-    inputs: Optional[Tensor] = None  # (n*k, E) soft inputs (the hard beam feeds tokens through prev)
-    prev = torch.full((B * K, 1), eos, dtype=torch.long, device=device)
-    # the soft beam feeds EOS at every step (the soft input replaces its embedding): the static-cache
-    # step reads only the last column, so only fairseq's path and the hard beam keep the history
-    keep_prev = hard or static_step is None
+    inputs: Optional[Tensor] = None  # (n*k, E) soft inputs (the hard beam feeds tokens)
+    # the tokens fed: the hard beam's outputs; the soft beam feeds EOS at every step (the soft input
+    # replaces its embedding; the tokens still count for positions)
+    tokens = torch.full((B * K,), eos, dtype=torch.long, device=device)
     eos_tokens: Dict[int, Tensor] = {}  # rows -> (rows,) EOS
-    with EmbeddingOverride(embedding) if static_step is None else contextlib.nullcontext() as override:
-        for t in range(T):
-            n = live.numel()
-            soft_input = t > 0 and not hard
-            dropout_rows["beam"], dropout_rows["sentences"] = K, n
-            if static_step is not None:
-                if not keep_prev and n * K not in eos_tokens:
-                    eos_tokens[n * K] = torch.full((n * K,), eos, dtype=torch.long, device=device)
-                logits = step_logits(prev[:, -1] if keep_prev else eos_tokens[n * K], inputs if soft_input else None)
-            else:
-                if soft_input:
-                    override.set(torch.ones(n * k, 1, dtype=torch.bool, device=device), inputs.unsqueeze(1))
-                logits = decoder(prev, encoder_out=first_encoder_out if t == 0 else encoder_out,
-                                 incremental_state=state)[0][:, -1]
-            dropout_rows["beam"] = k
-            f = local_scores(logits, normalization).view(n, K, -1)
-            if stop_at_eos:
-                f = length_rules(f, t, finished, live_horizon)
-            d = None if live_step_costs is None else live_step_costs[:, t].to(dtype)
-            # the search's arithmetic in float32 also under --amp (autocast would run its matrix
-            # products in half precision and hand half-precision scores to the float32 buffers)
-            with torch.autocast(device.type, enabled=False):
-                if hard:
-                    step = hard_beam_step(live_scores[:, :K], f, k, live_costs[:, :K], d, augment)
-                else:
-                    step = relaxed_step(live_scores[:, :K], f, alpha, k, live_costs[:, :K], d, augment)
-            # every live sentence is within its horizon (t < horizon): the step applies to all
-            live_scores, live_costs = step.scores, step.costs
-            every = n == B  # no sentence has left: ``live`` is 0..B-1, the live results are the batch's
-            if every:
-                scores, costs = live_scores, live_costs
-                back_hist.append(step.hard_backpointers)
-                out_hist.append(step.hard_outputs)
-            else:
-                scores, costs = scores.index_copy(0, live, live_scores), costs.index_copy(0, live, live_costs)
-                back_hist.append(identity.index_copy(0, live, step.hard_backpointers))
-                out_hist.append(padding.index_copy(0, live, step.hard_outputs))
-            done = t + 1 >= live_horizon  # (n,) the sentences whose result is final after this step
-            if stop_at_eos:
-                now = step.hard_outputs.eq(eos)
-                ended_now = live_scores.masked_fill(~now, float("-inf"))
-                ended.append(ended_now if every else torch.full_like(scores, float("-inf")).index_copy(
-                    0, live, ended_now))
-                ended_costs.append(costs)
-                finished = finished.gather(1, step.hard_backpointers) | now
-                done = done | finished.all(1)
-            leaving = int(done.sum())
-            if leaving == n:
-                break
-            # the finished sentences leave the batch: each reorder below keeps only the rows
-            # of the sentences in ``keep``, so their state is never reordered, mixed or decoded again
-            keep = (~done).nonzero().squeeze(1) if leaving else (
-                torch.arange(n, device=device) if hard or K < k else None)
-
-            def kept(x: Tensor) -> Tensor:  # x's rows of the sentences in ``keep``
-                return x[keep] if leaving else x
+    for t in range(T):
+        n = live.numel()
+        soft_input = t > 0 and not hard
+        dropout_rows["beam"], dropout_rows["sentences"] = K, n
+        if not hard and n * K not in eos_tokens:
+            eos_tokens[n * K] = torch.full((n * K,), eos, dtype=torch.long, device=device)
+        logits = step_fn.logits(tokens if hard else eos_tokens[n * K], inputs if soft_input else None)
+        dropout_rows["beam"] = k
+        f = local_scores(logits, normalization).view(n, K, -1)
+        if stop_at_eos:
+            f = length_rules(f, t, finished, live_horizon)
+        d = None if live_step_costs is None else live_step_costs[:, t].to(dtype)
+        # the search's arithmetic in float32 also under --amp (autocast would run its matrix
+        # products in half precision and hand half-precision scores to the float32 buffers)
+        with torch.autocast(device.type, enabled=False):
             if hard:
-                order = (keep.view(-1, 1) * K + step.hard_backpointers[keep]).view(-1)
-                reorder_rows(order)
-                # finished elements (output pad) are fed EOS: their scores no longer change
-                fed = step.hard_outputs[keep].masked_fill(step.hard_outputs[keep].eq(pad), eos)
-                prev = torch.cat([prev.index_select(0, order), fed.view(-1, 1)], dim=1)
+                step = hard_beam_step(live_scores[:, :K], f, k, live_costs[:, :K], d, augment)
             else:
-                rows = None
-                if K < k or leaving:
-                    rows = (keep.view(-1, 1) * K + torch.arange(K, device=device)).view(-1)  # their rows now
-                if K < k:
-                    # from one row per sentence: the soft backpointers of a live element are
-                    # sum_w p_i(w) = 1 whatever the scores (no gradient), and a dead element's
-                    # state is never used, so the expansion is fairseq's hard reorder
-                    rows = rows.repeat_interleave(k)
-                    reorder_rows(rows)
-                else:
-                    if leaving:
-                        reorder_rows(rows)
-                    mix_rows(kept(step.backpointers).reshape(-1, k), n - leaving)
-                with torch.autocast(device.type, enabled=False):
-                    outputs = kept(step.outputs)
-                    inputs = outputs.reshape(-1, outputs.size(-1)) @ embedding.weight.to(outputs.dtype)
-                if keep_prev:
-                    prev = prev.index_select(0, rows) if rows is not None else prev
-                    prev = torch.cat([prev, prev[:, -1:]], dim=1)
-            K = k
-            if leaving and static_step is None:
-                encoder_out = model.encoder.reorder_encoder_out(
-                    encoder_out, (keep.view(-1, 1) * k + torch.arange(k, device=device)).view(-1))
-            if leaving:
-                live, live_scores, live_costs = live[keep], live_scores[keep], live_costs[keep]
-                live_horizon, finished = live_horizon[keep], finished[keep]
-                if live_step_costs is not None:
-                    live_step_costs = live_step_costs[keep]
+                step = relaxed_step(live_scores[:, :K], f, alpha, k, live_costs[:, :K], d, augment)
+        # every live sentence is within its horizon (t < horizon): the step applies to all
+        live_scores, live_costs = step.scores, step.costs
+        every = n == B  # no sentence has left: ``live`` is 0..B-1, the live results are the batch's
+        if every:
+            scores, costs = live_scores, live_costs
+            back_hist.append(step.hard_backpointers)
+            out_hist.append(step.hard_outputs)
+        else:
+            scores, costs = scores.index_copy(0, live, live_scores), costs.index_copy(0, live, live_costs)
+            back_hist.append(identity.index_copy(0, live, step.hard_backpointers))
+            out_hist.append(padding.index_copy(0, live, step.hard_outputs))
+        done = t + 1 >= live_horizon  # (n,) the sentences whose result is final after this step
+        if stop_at_eos:
+            now = step.hard_outputs.eq(eos)
+            ended_now = live_scores.masked_fill(~now, float("-inf"))
+            ended.append(ended_now if every else torch.full_like(scores, float("-inf")).index_copy(
+                0, live, ended_now))
+            ended_costs.append(costs)
+            finished = finished.gather(1, step.hard_backpointers) | now
+            done = done | finished.all(1)
+        leaving = int(done.sum())
+        if leaving == n:
+            break
+        # the finished sentences leave the batch: each reorder below keeps only the rows
+        # of the sentences in ``keep``, so their state is never reordered, mixed or decoded again
+        keep = (~done).nonzero().squeeze(1) if leaving else (
+            torch.arange(n, device=device) if hard or K < k else None)
+
+        def kept(x: Tensor) -> Tensor:  # x's rows of the sentences in ``keep``
+            return x[keep] if leaving else x
+        if hard:
+            order = (keep.view(-1, 1) * K + step.hard_backpointers[keep]).view(-1)
+            step_fn.reorder(order)
+            # finished elements (output pad) are fed EOS: their scores no longer change
+            tokens = step.hard_outputs[keep].masked_fill(step.hard_outputs[keep].eq(pad), eos).view(-1)
+        else:
+            rows = None
+            if K < k or leaving:
+                rows = (keep.view(-1, 1) * K + torch.arange(K, device=device)).view(-1)  # their rows now
+            if K < k:
+                # from one row per sentence: the soft backpointers of a live element are
+                # sum_w p_i(w) = 1 whatever the scores (no gradient), and a dead element's
+                # state is never used, so the expansion is fairseq's hard reorder
+                step_fn.reorder(rows.repeat_interleave(k))
+            else:
+                if leaving:
+                    step_fn.reorder(rows)
+                step_fn.mix(kept(step.backpointers).reshape(-1, k), n - leaving)
+            with torch.autocast(device.type, enabled=False):
+                outputs = kept(step.outputs)
+                inputs = outputs.reshape(-1, outputs.size(-1)) @ embedding.weight.to(outputs.dtype)
+        K = k
+        if leaving:
+            live, live_scores, live_costs = live[keep], live_scores[keep], live_costs[keep]
+            live_horizon, finished = live_horizon[keep], finished[keep]
+            if live_step_costs is not None:
+                live_step_costs = live_step_costs[keep]
     if stop_at_eos:
         return _best_ended(ended, ended_costs, back_hist, out_hist, k, pad)
     best = scores.argmax(-1)

@@ -1,13 +1,13 @@
 """Batched candidate decoding for fairseq models: the shared decoder that MGS, MRT,
 PG and evaluation call.
 
-Greedy and ancestral sampling (temperature, top-k, top-p) of a fairseq ``transformer`` /
-``transformer_lm`` / ``lstm`` / ``lstm_lm`` run the static-cache step (``steps``): one
-step of few operators for all B x n rows, finished rows masked, and dropped from every
-cache together once at most half of the rows still run. Other decoders, and every model
-with ``DecodeConfig.path = "fairseq"`` (``--decoding-path fairseq``), run fairseq's
-incremental decoding, the reference, dropping finished rows by reordering the
-incremental state. Both paths draw the same random numbers for the same rows. Beam
+Greedy decoding and ancestral sampling (temperature, top-k, top-p) run one loop over a
+step object (``steps.build_step``): the static-cache step for a fairseq ``transformer`` /
+``transformer_lm`` / ``lstm`` / ``lstm_lm``, one step of few operators for all B x n rows;
+fairseq's incremental decoding (``fairseq_step.FairseqStep``, the reference) for other
+decoders and for every model with ``DecodeConfig.path = "fairseq"`` (``--decoding-path
+fairseq``). Finished rows are masked, and dropped from every cache together once at most
+half of the rows still run; both paths draw the same random numbers for the same rows. Beam
 search delegates to fairseq's ``SequenceGenerator``. All return the same ``Candidates``.
 Encoder-decoder models decode from the source, decoder-only ones continue a prefix.
 Dropout is off while decoding; the model's train/eval mode is restored afterwards.
@@ -22,7 +22,7 @@ from torch import Tensor
 
 from fairseq_ext.core.constraints import CONSTRAINT, OneOf, ParameterError, above, at_least, check_fields, constraint_of
 from fairseq_ext.core.sampling import choose_tokens, filter_logits
-from fairseq_ext.decoding.steps import PATHS, decoder_step, static_cache, unsupported_reason
+from fairseq_ext.decoding.steps import PATHS, build_step, unsupported_reason
 
 STRATEGIES = ("greedy", "sample", "beam")
 
@@ -172,8 +172,6 @@ def decode_candidates(
     with _eval_mode(model):
         if cfg.strategy == "beam":
             return _beam(model, sample, cfg, prefix_tokens)
-        if _static_cache(model, cfg):
-            return _greedy_or_sample_static(model, sample, cfg, prefix_tokens, generator)
         return _greedy_or_sample(model, sample, cfg, prefix_tokens, generator)
 
 
@@ -222,7 +220,7 @@ def decode_grouped(model, sample: Dict, cfg: DecodeConfig, sets: ParameterSets,
     if cfg.strategy == "sample" and (generators is None or len(generators) != sets.count):
         raise ValueError(f"decode_grouped: sampling needs one generator per parameter set ({sets.count})")
     with _eval_mode(model):
-        both = _greedy_or_sample_static(model, sample, cfg, prefix_tokens, generators, sets=sets)
+        both = _greedy_or_sample(model, sample, cfg, prefix_tokens, generators, sets=sets)
     rows = both.tokens.size(0) // sets.count
     return [both.part(slice(g * rows, (g + 1) * rows), cfg.num_candidates) for g in range(sets.count)]
 
@@ -236,28 +234,23 @@ def decode_with_greedy(
     generator: Optional[torch.Generator] = None,
 ) -> Tuple[Candidates, Candidates]:
     """(the ``cfg`` candidates, one greedy candidate per input), as ``decode_candidates``
-    twice (``cfg`` and greedy with its length limits), in one decode where the static-cache
-    step runs: the greedy rows follow the sampled ones, which draw the random numbers they
-    draw alone."""
-    greedy_cfg = cfg.greedy()
-    if cfg.strategy != "sample" or not _static_cache(model, cfg):
+    twice (``cfg`` and greedy with its length limits), in one decode when ``cfg`` samples:
+    the greedy rows follow the sampled ones, which draw the random numbers they draw alone."""
+    if cfg.strategy != "sample":
         return (decode_candidates(model, sample, cfg, prefix_tokens, generator),
-                decode_candidates(model, sample, greedy_cfg, prefix_tokens))
+                decode_candidates(model, sample, cfg.greedy(), prefix_tokens))
     with _eval_mode(model):
-        both = _greedy_or_sample_static(model, sample, cfg, prefix_tokens, generator, greedy_rows=True)
+        both = _greedy_or_sample(model, sample, cfg, prefix_tokens, generator, greedy_rows=True)
     rows = both.tokens.size(0) - sample["net_input"]["src_tokens"].size(0)
     return both.part(slice(0, rows), cfg.num_candidates), both.part(slice(rows, None), 1)
 
 
-def _static_cache(model, cfg: DecodeConfig) -> bool:
-    return static_cache(model.decoder, cfg.path, "candidate decoding")
-
-
-def _greedy_or_sample_static(model, sample, cfg, prefix_tokens, generator, greedy_rows=False,
-                           sets: Optional[ParameterSets] = None) -> Candidates:
-    """As ``_greedy_or_sample``, with ``TransformerStep``: a row that finished is fed EOS
-    and its outputs are ignored; once at most half of the rows still run, the finished
-    ones leave every cache at once (``TransformerStep.reorder``), their results kept.
+def _greedy_or_sample(model, sample, cfg, prefix_tokens, generator, greedy_rows=False,
+                      sets: Optional[ParameterSets] = None) -> Candidates:
+    """Greedy decoding or ancestral sampling of B x n rows with the step ``steps.build_step``
+    chooses (the static-cache step, or fairseq's incremental decoding): a row that finished is
+    fed EOS and its outputs are ignored; once at most half of the rows still run, the finished
+    ones leave every cache at once (the step's ``reorder``), their results kept.
     ``greedy_rows``: one greedy row per input after the B x n rows (``decode_with_greedy``).
     ``sets``: G blocks of rows, one per parameter set (``decode_grouped``; ``generator``
     then one per set); a row leaves when its counterparts in every block finished."""
@@ -265,7 +258,8 @@ def _greedy_or_sample_static(model, sample, cfg, prefix_tokens, generator, greed
                                                                               greedy_rows, sets)
     total_steps, rows = n_forced + max_len, expand.numel()
     groups = sets.count if sets is not None else 1
-    step_fn = decoder_step(model, encoder_out, expand, total_steps, *((sets.stack, groups) if sets else ()))
+    step_fn = build_step(model, encoder_out, expand, total_steps, cfg.path, "candidate decoding",
+                         *((sets.stack, groups) if sets else ()))
     sampling = cfg.strategy == "sample"
     options = dict(sample=True, temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp, epsilon=cfg.epsilon)
     n_sampled = rows - (expand.numel() // (n + 1) if greedy_rows else 0)  # the sampled rows come first
@@ -377,73 +371,6 @@ def _encode_sets(encoder, net_input: Dict, sets: ParameterSets) -> Dict[str, Lis
     masks = [o["encoder_padding_mask"][0] for o in outs if len(o["encoder_padding_mask"]) > 0]
     return {"encoder_out": [torch.cat([o["encoder_out"][0] for o in outs], dim=1)],
             "encoder_padding_mask": [torch.cat(masks)] if len(masks) == len(outs) else []}
-
-
-def _greedy_or_sample(model, sample, cfg, prefix_tokens, generator) -> Candidates:
-    pad, eos, n, device, expand, encoder_out, prefix, n_forced, max_len = _plan(model, sample, cfg, prefix_tokens)
-    if encoder_out is not None and n > 1:
-        encoder_out = model.encoder.reorder_encoder_out(encoder_out, expand)
-    total_steps, rows = n_forced + max_len, expand.numel()
-
-    # history of decoder inputs: BOS (= EOS, as fairseq) then everything fed so far
-    history = torch.full((rows, total_steps + 1), pad, dtype=torch.long, device=device)
-    history[:, 0] = eos
-    out_tokens = torch.full((rows, max_len), pad, dtype=torch.long, device=device)
-    out_len = torch.zeros(rows, dtype=torch.long, device=device)
-    scores = torch.zeros(rows, device=device)
-    finished = torch.zeros(rows, dtype=torch.bool, device=device)
-    active = torch.arange(rows, device=device)  # original row of each live row
-    incremental_state: Dict[str, Dict[str, Optional[Tensor]]] = torch.jit.annotate(
-        Dict[str, Dict[str, Optional[Tensor]]], {}
-    )
-
-    for step in range(total_steps):
-        inputs = history[active, : step + 1]
-        if encoder_out is not None:
-            decoder_out = model.decoder(inputs, encoder_out=encoder_out, incremental_state=incremental_state)
-        else:
-            decoder_out = model.decoder(inputs, incremental_state=incremental_state)
-        logits = decoder_out[0][:, -1:, :]
-        lprobs = model.get_normalized_probs((logits,) + tuple(decoder_out[1:]), log_probs=True).squeeze(1).float()
-        lprobs[:, pad] = float("-inf")  # padding is never a choice (as in SequenceGenerator)
-        too_short = out_len[active] < cfg.min_len
-        if bool(too_short.any()):
-            lprobs[too_short, eos] = float("-inf")
-
-        free = torch.ones(active.numel(), dtype=torch.bool, device=device)
-        chosen = torch.empty(active.numel(), dtype=torch.long, device=device)
-        if step < n_forced:
-            forced = prefix[active, step]
-            free = forced.eq(pad)
-            chosen[~free] = forced[~free]
-        if free.any():
-            chosen[free] = choose_tokens(lprobs[free], sample=cfg.strategy == "sample", temperature=cfg.temperature,
-                                         topk=cfg.topk, topp=cfg.topp, generator=generator, epsilon=cfg.epsilon)
-        history[active, step + 1] = chosen
-
-        gen_rows = active[free]
-        gen_tok = chosen[free]
-        if gen_rows.numel() > 0:
-            pos = out_len[gen_rows]
-            ok = pos < max_len
-            gen_rows, gen_tok, pos = gen_rows[ok], gen_tok[ok], pos[ok]
-            out_tokens[gen_rows, pos] = gen_tok
-            out_len[gen_rows] += 1
-            scores[gen_rows] += lprobs[free][ok].gather(1, gen_tok.unsqueeze(1)).squeeze(1)
-            finished[gen_rows] |= gen_tok.eq(eos)
-
-        done = finished[active] | out_len[active].ge(max_len)
-        if bool(done.all()):
-            break
-        if bool(done.any()):
-            keep = (~done).nonzero().squeeze(1)
-            active = active[keep]
-            model.decoder.reorder_incremental_state_scripting(incremental_state, keep)
-            if encoder_out is not None:
-                encoder_out = model.encoder.reorder_encoder_out(encoder_out, keep)
-
-    width = max(int(out_len.max().item()), 1) if rows > 0 else 1
-    return Candidates(out_tokens[:, :width], out_len, scores, finished, n)
 
 
 def _beam(model, sample, cfg, prefix_tokens) -> Candidates:

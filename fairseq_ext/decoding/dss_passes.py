@@ -3,10 +3,10 @@ decoded left to right, each position fed the gold token or the previous step's
 relaxed decision, so that gradients flow back through every earlier decision; or
 the parallel approximation in N teacher-forced passes.
 
-The exact pass runs the differentiable static-cache step (``decoding.steps``) where it
-covers the decoder, else fairseq's incremental path with the decisions fed through the
-embedding hook (``soft_inputs.EmbeddingOverride``); the parallel passes are fairseq's
-full forward.
+The exact pass runs one loop over the step ``steps.build_step`` chooses: the
+differentiable static-cache step where it covers the decoder, else fairseq's incremental
+path (``fairseq_step.FairseqStep``, the decisions fed through the embedding hook); the
+parallel passes are fairseq's full forward with the hook.
 """
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -15,9 +15,8 @@ from torch import Tensor
 
 from fairseq_ext.core.constraints import Rule, check_arguments, declare
 from fairseq_ext.core.relaxations import decision_embedding, gumbel_noise, is_sample
-from fairseq_ext.decoding.compiled_step import compiled_logits
 from fairseq_ext.decoding.soft_inputs import EmbeddingOverride, check_plain_output_layer, decoder_embedding
-from fairseq_ext.decoding.steps import decoder_step, static_cache
+from fairseq_ext.decoding.steps import build_step
 
 NoiseFn = Callable[[Tensor], Tensor]
 
@@ -76,11 +75,9 @@ def run_scheduled_sampling(
         noise = noise_fn(scores) if noise_fn is not None else None
         return decision_embedding(scores, embed_weight, mode, alpha, noise)
 
-    if passes == 0 and static_cache(decoder, path, "scheduled sampling"):
-        return _sequential_static(model, prev, encoder_out, model_fed, decide, compiled)
+    if passes == 0:
+        return _sequential(model, encoder_out, prev, model_fed, decide, path, compiled)
     with EmbeddingOverride(embedding) as override:
-        if passes == 0:
-            return _sequential(decoder, prev, encoder_out, model_fed, decide, override)
         logits, _ = decoder(prev, encoder_out=encoder_out)
         for _ in range(passes - 1):
             decided = decide(logits[:, :-1])
@@ -89,28 +86,16 @@ def run_scheduled_sampling(
         return logits, []
 
 
-def _sequential_static(model, prev: Tensor, encoder_out, model_fed: Tensor, decide,
-                     compiled: bool = False) -> Tuple[Tensor, List[Tensor]]:
-    """``_sequential`` with the differentiable static-cache step."""
-    rows = torch.arange(prev.size(0), device=prev.device)
-    step = decoder_step(model, encoder_out, rows, prev.size(1), differentiable=True, compiled=compiled)
-    logits = compiled_logits(step) if compiled else step.logits
+def _sequential(model, encoder_out, prev: Tensor, model_fed: Tensor, decide, path: str,
+                compiled: bool) -> Tuple[Tensor, List[Tensor]]:
+    """The exact pass: position i fed the gold token, or where ``model_fed`` the decision on the
+    scores of step i - 1, through the step ``steps.build_step`` chooses."""
+    step = build_step(model, encoder_out, torch.arange(prev.size(0), device=prev.device), prev.size(1), path,
+                      "scheduled sampling", differentiable=True, compiled=compiled)
     step_scores: List[Tensor] = []
     for i in range(prev.size(1)):
         embeds = replace = None
         if i > 0 and bool(model_fed[:, i].any()):
             embeds, replace = decide(step_scores[-1]), model_fed[:, i]
-        step_scores.append(logits(prev[:, i], embeds, replace))
-    return torch.stack(step_scores, dim=1), step_scores
-
-
-def _sequential(decoder, prev: Tensor, encoder_out, model_fed: Tensor, decide, override) -> Tuple[Tensor, List[Tensor]]:
-    incremental_state: Dict = {}
-    step_scores: List[Tensor] = []
-    for i in range(prev.size(1)):
-        override.clear()
-        if i > 0 and bool(model_fed[:, i].any()):
-            override.set(model_fed[:, i : i + 1], decide(step_scores[-1]).unsqueeze(1))
-        logits, _ = decoder(prev[:, : i + 1], encoder_out=encoder_out, incremental_state=incremental_state)
-        step_scores.append(logits[:, -1])
+        step_scores.append(step.logits(prev[:, i], embeds, replace))
     return torch.stack(step_scores, dim=1), step_scores

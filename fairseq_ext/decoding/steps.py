@@ -7,7 +7,9 @@ Every decoding criterion (MGS, MRT, PG, DSS, the soft beam) has one option for i
 ``unsupported_reason(decoder)`` names what a decoder has that the static-cache steps
 (``transformer_step.TransformerStep``, ``lstm_step.LSTMStep``) do not cover;
 ``use_step(decoder, who)`` says so once in the log, and callers then take fairseq's path;
-``decoder_step`` builds the step a model needs.
+``decoder_step`` builds the static-cache step a model needs. ``build_step`` is what the search
+loops call: it returns the static-cache step or ``fairseq_step.FairseqStep`` (fairseq's
+incremental decoding behind the same interface), so that no loop names the path.
 """
 import logging
 from dataclasses import dataclass, field
@@ -16,6 +18,8 @@ from typing import Callable, Optional
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from torch import Tensor
 
+from fairseq_ext.decoding.compiled_step import compiled_logits
+from fairseq_ext.decoding.fairseq_step import FairseqStep
 from fairseq_ext.decoding.lstm_step import LSTMStep, lstm_unsupported_reason
 from fairseq_ext.decoding.step_base import _DecoderStep
 from fairseq_ext.decoding.transformer_step import TransformerStep, transformer_unsupported_reason
@@ -76,3 +80,22 @@ def static_cache(decoder, path: str, who: str) -> bool:
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     return path == "static-cache" and use_step(decoder, who)
+
+
+def build_step(model, encoder_out, expand: Tensor, max_steps: int, path: str, who: str,
+               weights: Optional[Callable[[Tensor], Tensor]] = None, groups: int = 1,
+               differentiable: bool = False, compiled: bool = False):
+    """The step object that decodes ``expand.numel()`` rows of ``model`` (row r the input
+    ``expand[r]`` of ``encoder_out``): the static-cache step where ``path`` and the decoder allow
+    it (``static_cache``), else ``FairseqStep``. Both have ``logits(tokens, embeds, replace)``,
+    ``step(tokens)``, ``reorder(index)`` and ``mix(weights, sentences)``. ``weights``, ``groups``:
+    G parameter sets stepped together (static-cache only); ``compiled``: the static-cache step's
+    ``logits`` compiled by ``torch.compile`` (``compiled_step``; fairseq's path is not compiled)."""
+    if not static_cache(model.decoder, path, who):
+        if groups > 1:
+            raise ValueError(f"{who}: parameter sets are decoded together by the static-cache step only")
+        return FairseqStep(model, encoder_out, expand)
+    step = decoder_step(model, encoder_out, expand, max_steps, weights, groups, differentiable, compiled)
+    if compiled:
+        step.logits = compiled_logits(step)
+    return step
