@@ -343,3 +343,76 @@ def test_plot_mh_draws_the_chosen_curves_as_panels_of_one_figure(tmp_path):
         with pytest.raises(AssertionError, match=re.escape(message)):
             run_cli(["python", "scripts/plot/plot_mh.py", str(stats), "--png", str(tmp_path / "x"), *bad])
     assert not list(tmp_path.glob("x*"))
+
+
+def _mh_run(toy_bin, cmlm, monkeypatch, *options):
+    """The sampler ``fairseq-generate --task translation_mh`` builds from ``options`` (the trained
+    tiny cmlm), run on 6 validation sentences: {"hyps": the printed token rows, "blocks": the
+    (C, L) block of every proposal step, "rows": the rows of every decoder call, "temperatures": the
+    target temperature of every acceptance test}."""
+    from fairseq_ext.generators import mh_sampler
+
+    task, model, args = tiny_models.build_task_and_model(
+        toy_bin, "translation_mh", "cmlm_transformer", ["--dropout", "0", *options], seed=1)
+    model.load_state_dict(torch.load(cmlm, weights_only=False)["model"])
+    task.load_dataset("valid")
+    ds = task.dataset("valid")
+    sample = ds.collater([ds[i] for i in range(6)])
+    seen = {"blocks": [], "rows": [], "temperatures": []}
+    block_at, log_acceptance, logits_fn = mcmc.block_at, mcmc.log_acceptance, mh_sampler.cmlm_logits_fn
+
+    def counted_logits_fn(*a):
+        fn = logits_fn(*a)
+        return lambda tokens, *rest: seen["rows"].append(tokens.size(0)) or fn(tokens, *rest)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(mcmc, "block_at", lambda *a: seen["blocks"].append(block_at(*a)) or seen["blocks"][-1])
+        patch.setattr(mcmc, "log_acceptance", lambda *a: seen["temperatures"].append(a[-1]) or log_acceptance(*a))
+        patch.setattr(mh_sampler, "cmlm_logits_fn", counted_logits_fn)
+        generator = task.build_generator([model], args)
+        with torch.no_grad():
+            seen["hyps"] = [h[0]["tokens"].tolist() for h in generator.generate([model], sample)]
+    return seen
+
+
+def _block_positions(blocks):
+    """Per chain, the positions its blocks of size 1 proposed at, in step order."""
+    out = {}
+    for block in blocks:
+        for row, pos in block.nonzero().tolist():
+            out.setdefault(row, []).append(pos)
+    return out
+
+
+def test_mh_order_left_to_right_visits_the_positions_in_order(toy_bin, cmlm, monkeypatch):
+    """--mh-order left-to-right: every chain proposes at its positions in increasing order, each once
+    an epoch; the default (random) visits the same positions in another order."""
+    epoch = ["--mh-burn-in", "0", "--mh-epochs", "1"]
+    ordered = _block_positions(_mh_run(toy_bin, cmlm, monkeypatch, *epoch, "--mh-order", "left-to-right")["blocks"])
+    shuffled = _block_positions(_mh_run(toy_bin, cmlm, monkeypatch, *epoch)["blocks"])
+    assert all(p == sorted(set(p)) for p in ordered.values()) and len(ordered) == 6
+    assert {r: sorted(p) for r, p in shuffled.items()} == ordered
+    assert any(p != sorted(p) for p in shuffled.values())
+
+
+def test_mh_max_rows_bounds_every_decoder_call_and_changes_no_draw(toy_bin, cmlm, monkeypatch):
+    """--mh-max-rows 3: no decoder call runs more than 3 rows (the greedy start's pass over the all-masked
+    targets included; the default 4096 runs every single-masked copy of the batch at once), and the chains
+    end where they end without the bound."""
+    epochs = ["--mh-burn-in", "1", "--mh-epochs", "1"]
+    bounded = _mh_run(toy_bin, cmlm, monkeypatch, *epochs, "--mh-max-rows", "3")
+    free = _mh_run(toy_bin, cmlm, monkeypatch, *epochs)
+    assert max(bounded["rows"]) == 3 and max(free["rows"]) > 3
+    assert bounded["hyps"] == free["hyps"]
+
+
+def test_mh_target_temperature_and_its_floor_reach_every_acceptance_test(toy_bin, cmlm, monkeypatch):
+    """--mh-target-temperature 2 annealed by 0.5 an epoch (--mh-target-anneal) down to
+    --mh-min-target-temperature 0.3: the acceptance tests of epochs 0..4 divide by 2, 1.5, 1, 0.5, 0.3
+    (by hand); at the defaults every test divides by 1."""
+    run = _mh_run(toy_bin, cmlm, monkeypatch, "--mh-burn-in", "1", "--mh-epochs", "4", "--mh-target-temperature", "2",
+                  "--mh-target-anneal", "0.5", "--mh-min-target-temperature", "0.3")
+    steps = len(run["temperatures"]) // 5
+    assert [run["temperatures"][e * steps] for e in range(5)] == [2.0, 1.5, 1.0, 0.5, 0.3]
+    assert sorted(set(run["temperatures"]), reverse=True) == [2.0, 1.5, 1.0, 0.5, 0.3]
+    assert set(_mh_run(toy_bin, cmlm, monkeypatch, "--mh-burn-in", "1", "--mh-epochs", "1")["temperatures"]) == {1.0}

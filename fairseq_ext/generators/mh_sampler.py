@@ -106,7 +106,8 @@ class MHSampler:
             logits_fn = cmlm_logits_fn(model, encoder_out)
             L = tokens.size(1)
             positions = torch.arange(L, device=tokens.device).expand(tokens.size(0), L)
-            logits = logits_fn(tokens, owner, positions).float().masked_fill(forbidden, float("-inf"))
+            logits = mcmc.masked_logits(logits_fn, tokens, owner, positions, self.cfg.max_rows)
+            logits = logits.float().masked_fill(forbidden, float("-inf"))
             tokens = torch.where(free, logits.argmax(-1), tokens)
         else:
             allowed = (~forbidden).nonzero(as_tuple=True)[0]
