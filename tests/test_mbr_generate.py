@@ -234,3 +234,45 @@ def test_bad_options_end_with_one_line(toy_bin, checkpoint, tmp_path, bad, messa
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("fairseq-generate: error: " + message), last
     assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_mbr_score_model_scores_with_the_given_checkpoint(toy_bin, checkpoint, tmp_path):
+    """--mbr-score-model: the lm cost (QE reranking by the per-token NLL) under the named checkpoint.
+    Naming the decoded checkpoint itself gives the default's risks (the default scores with the decoded
+    model); another checkpoint (5 updates) scores the same candidates otherwise, and reranks them."""
+    other = tmp_path / "other"
+    run_cli(["fairseq-train", toy_bin, *USER, "--task", "translation", *tiny_models.TINY_ARCHS["transformer"],
+             "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "0.01", "--max-tokens", "400",
+             "--max-update", "5", "--num-workers", "0", "--save-dir", str(other), "--no-epoch-checkpoints",
+             "--disable-validation", "--seed", "2"])
+    lm = ["--mbr-task-loss", "lm(normalize=true)"]
+    _, default = generate(toy_bin, checkpoint, tmp_path, *lm, name="lm_default")
+    _, itself = generate(toy_bin, checkpoint, tmp_path, *lm, "--mbr-score-model", checkpoint, name="lm_itself")
+    _, scored = generate(toy_bin, checkpoint, tmp_path, *lm, "--mbr-score-model", str(other / "checkpoint_last.pt"),
+                         name="lm_other")
+    for sid, record in default.items():
+        assert itself[sid]["candidates"] == scored[sid]["candidates"] == record["candidates"]
+        assert itself[sid]["risk"] == pytest.approx(record["risk"], abs=1e-5)
+    assert all(abs(a - b) > 1e-3 for sid in default for a, b in zip(default[sid]["risk"], scored[sid]["risk"]))
+    assert any(default[sid]["order"] != scored[sid]["order"] for sid in default)
+
+
+def test_mbr_post_process_is_what_the_text_cost_reads(toy_bin, checkpoint, tmp_path):
+    """--mbr-post-process: the text the cost reads. The toy dictionary is whole words, so the default
+    (auto: none detected) scores the words as printed; sentencepiece, the wrong scheme here, glues each
+    sentence's words into one (its pieces carry no word marks), and sBLEU scores those strings."""
+    bleu = sacrebleu.metrics.BLEU(effective_order=True)
+
+    def expected(record, glue):
+        return [[1 - bleu.sentence_score(glue(h), [glue(r)]).score / 100 for r in record["references"]]
+                for h in record["candidates"]]
+    sbleu = ["--mbr-task-loss", "sbleu", "--mbr-output-matrix"]
+    _, words = generate(toy_bin, checkpoint, tmp_path, *sbleu, name="pp_default")
+    _, glued = generate(toy_bin, checkpoint, tmp_path, *sbleu, "--mbr-post-process", "sentencepiece", name="pp_sp")
+    differ = 0
+    for sid, record in words.items():
+        for got, want in ((record, expected(record, lambda s: s)),
+                          (glued[sid], expected(glued[sid], lambda s: s.replace(" ", "")))):
+            assert [v for row in got["matrix"] for v in row] == pytest.approx([v for row in want for v in row], abs=1e-6)
+        differ += glued[sid]["matrix"] != record["matrix"]
+    assert differ >= 10

@@ -143,7 +143,8 @@ class LMScorerCost(TaskLoss):
     input_kind = "ids"
 
     def __init__(self, model: torch.nn.Module, normalize: bool = False, left_pad_source: bool = True):
-        self.scorer = model.eval()
+        model.eval()  # (not model.eval()'s value: after fairseq's make_generation_fast_, train() returns None)
+        self.scorer = model
         for p in self.scorer.parameters():
             p.requires_grad_(False)
         self.normalize = normalize
