@@ -114,3 +114,21 @@ def read_lines(path: str) -> List[str]:
             return [line.rstrip("\n") for line in f]
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
+
+
+def add_system_output_arguments(parser, hypotheses: str, references: str) -> None:
+    """The scoring scripts' inputs: a fairseq-generate output file (positional; '-' or none: stdin),
+    or ``--hyp`` and ``--ref`` files of ``hypotheses`` and ``references``, one sentence a line
+    (``check_system_output_arguments`` after parsing)."""
+    parser.add_argument("generate_output", nargs="?", default=None,
+                        help="fairseq-generate output file ('-' or omitted: stdin); not with --hyp/--ref")
+    parser.add_argument("--hyp", metavar="FILE", help=f"{hypotheses}, one sentence a line")
+    parser.add_argument("--ref", metavar="FILE", help=f"{references}, one sentence a line")
+
+
+def check_system_output_arguments(parser, args) -> None:
+    """One argparse error (exit 2) for inputs given both ways, or --hyp without --ref."""
+    if (args.hyp is None) != (args.ref is None):
+        parser.error("--hyp and --ref go together")
+    if args.hyp is not None and args.generate_output is not None:
+        parser.error("give either generate output or --hyp/--ref, not both")

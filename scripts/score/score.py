@@ -20,7 +20,8 @@ import torch
 
 from fairseq_ext.core import subwords, task_losses
 from fairseq_ext.evaluation.comparison import print_scores
-from fairseq_ext.evaluation.generate_output import read_generate_file, read_lines
+from fairseq_ext.evaluation.generate_output import (add_system_output_arguments, check_system_output_arguments,
+                                                    read_generate_file, read_lines)
 from fairseq_ext.evaluation.translation import bleu_by_source_length, format_table, remove_bpe, score
 from fairseq_ext.runtime.cli import ConfigError
 
@@ -117,12 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "generate_output", nargs="?", default=None,
-        help="fairseq-generate output file ('-' or omitted: stdin); not with --hyp/--ref",
-    )
-    parser.add_argument("--hyp", metavar="FILE", help="hypotheses, one sentence a line")
-    parser.add_argument("--ref", metavar="FILE", help="references, one sentence a line")
+    add_system_output_arguments(parser, "hypotheses", "references")
     parser.add_argument(
         "--bpe-symbol", default=None,
         help="subword marker to remove from hypotheses and references: 'sentencepiece', "
@@ -153,10 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if (args.hyp is None) != (args.ref is None):
-        parser.error("--hyp and --ref go together")
-    if args.hyp is not None and args.generate_output is not None:
-        parser.error("give either generate output or --hyp/--ref, not both")
+    check_system_output_arguments(parser, args)
     if args.max_len is not None and args.max_len < 1:
         parser.error("--max-len must be >= 1")
     if args.src is not None and args.hyp is None:

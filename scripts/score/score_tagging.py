@@ -14,7 +14,8 @@ import argparse
 from typing import List, Optional
 
 from fairseq_ext.evaluation.comparison import print_scores
-from fairseq_ext.evaluation.generate_output import read_generate_file, read_lines
+from fairseq_ext.evaluation.generate_output import (add_system_output_arguments, check_system_output_arguments,
+                                                    read_generate_file, read_lines)
 from fairseq_ext.evaluation.tagging import format_table, score
 from fairseq_ext.runtime.cli import ConfigError
 
@@ -39,12 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "generate_output", nargs="?", default=None,
-        help="fairseq-generate output file ('-' or omitted: stdin); not with --hyp/--ref",
-    )
-    parser.add_argument("--hyp", metavar="FILE", help="predicted labels, one sentence a line")
-    parser.add_argument("--ref", metavar="FILE", help="reference labels, one sentence a line")
+    add_system_output_arguments(parser, "predicted labels", "reference labels")
     parser.add_argument("--scheme", choices=("auto", "chunk", "token"), default="auto",
                         help="chunk (NER F1) or token (accuracy) scoring; auto decides from the reference labels")
     parser.add_argument("--json", metavar="FILE", default=None,
@@ -55,10 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if (args.hyp is None) != (args.ref is None):
-        parser.error("--hyp and --ref go together")
-    if args.hyp is not None and args.generate_output is not None:
-        parser.error("give either generate output or --hyp/--ref, not both")
+    check_system_output_arguments(parser, args)
     try:
         if args.hyp is not None:
             hyps, refs = [x.split() for x in read_lines(args.hyp)], [x.split() for x in read_lines(args.ref)]
