@@ -16,14 +16,27 @@ def _clamp01(x: float) -> float:
     return min(1.0, max(0.0, x))
 
 
-@register_task_loss("sbleu")
-class SentenceBleuCost(TaskLoss):
-    """1 - sBLEU / 100, sacrebleu's smoothed sentence BLEU with effective order."""
+class _ScoreFromStats(TaskLoss):
+    """1 - score / 100 of a sacrebleu metric computed from n-gram statistics (``self.stats``,
+    ``core.ngram_stats``), clamped to [0, 1]; its aggregated form scores each hypothesis
+    against the references' expected statistics."""
 
     needs_reference = True
     input_kind = "text"
-
     aggregatable = True
+    stats = None  # set by the subclass
+
+    def sentence_cost(self, hyp: str, ref: str) -> float:
+        return _clamp01(1.0 - self.stats.score(hyp, ref) / 100.0)
+
+    def aggregated_cost(self, hyps, refs, weights=None, source=None) -> torch.Tensor:
+        aggregate = self.stats.aggregate(refs, weights)
+        return torch.tensor([_clamp01(1.0 - self.stats.score_aggregate(h, aggregate) / 100.0) for h in hyps])
+
+
+@register_task_loss("sbleu")
+class SentenceBleuCost(_ScoreFromStats):
+    """1 - sBLEU / 100, sacrebleu's smoothed sentence BLEU with effective order."""
 
     def __init__(self, smooth_method: str = "exp", smooth_value: Optional[float] = None) -> None:
         from sacrebleu.metrics import BLEU
@@ -35,22 +48,12 @@ class SentenceBleuCost(TaskLoss):
         )
         self.stats = BleuStats(self.bleu)  # sacrebleu's sentence_score, each sentence counted once
 
-    def sentence_cost(self, hyp: str, ref: str) -> float:
-        return _clamp01(1.0 - self.stats.score(hyp, ref) / 100.0)
-
-    def aggregated_cost(self, hyps, refs, weights=None, source=None) -> torch.Tensor:
-        aggregate = self.stats.aggregate(refs, weights)
-        return torch.tensor([_clamp01(1.0 - self.stats.score_aggregate(h, aggregate) / 100.0) for h in hyps])
-
 
 @register_task_loss("chrf")
-class ChrfCost(TaskLoss):
+class ChrfCost(_ScoreFromStats):
     """1 - chrF / 100, sacrebleu's sentence chrF (character 6-grams; ``beta`` weights recall
     beta times as much as precision: 2, sacrebleu's default, rewards long hypotheses; 1
     weights both alike; ``word_order`` 2 is chrF++)."""
-
-    needs_reference = True
-    input_kind = "text"
 
     def __init__(self, beta: float = 2, word_order: int = 0) -> None:
         from sacrebleu.metrics import CHRF
@@ -61,15 +64,6 @@ class ChrfCost(TaskLoss):
             raise ValueError(f"chrf: beta must be > 0, got {beta}")
         self.chrf = CHRF(beta=beta, word_order=word_order)
         self.stats = ChrfStats(self.chrf)  # sacrebleu's sentence_score, each sentence counted once
-
-    aggregatable = True
-
-    def sentence_cost(self, hyp: str, ref: str) -> float:
-        return _clamp01(1.0 - self.stats.score(hyp, ref) / 100.0)
-
-    def aggregated_cost(self, hyps, refs, weights=None, source=None) -> torch.Tensor:
-        aggregate = self.stats.aggregate(refs, weights)
-        return torch.tensor([_clamp01(1.0 - self.stats.score_aggregate(h, aggregate) / 100.0) for h in hyps])
 
 
 @register_task_loss("comet")
