@@ -204,3 +204,30 @@ def test_the_loop_check_sees_a_path_named():
                 "    if static_cache(model.decoder, path, 'x'):\n        pass\n")
     assert _loop_words(f.name, "loop") & PATH_WORDS == {"static_cache", "path"}  # path: in the if
     os.unlink(f.name)
+
+
+def test_the_readme_layout_names_every_module_under_its_folder():
+    """README, "Layout": every module of the package is named, under its folder's entry."""
+    import re
+
+    text = open(os.path.join(REPO, "README.md")).read()
+    block = text[text.index("## Layout"):]
+    block = block[:block.index("\n## ", 3)]
+    lines = block.splitlines()
+    folders = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^ {6}(\w+)/ ", line + " "))}
+    missing = []
+    for module, path in _modules().items():
+        rel = os.path.relpath(path, PACKAGE)
+        folder, name = os.path.split(rel)
+        if name == "__init__.py" and folder:
+            continue
+        if not folder:
+            found = any(line.strip().startswith(name) for line in lines)
+        else:
+            start = folders.get(folder)
+            later = [i for i in folders.values() if start is not None and i > start]
+            end = min(later) if later else len(lines)
+            found = start is not None and any(re.search(rf"\b{re.escape(name)}\b", line) for line in lines[start:end])
+        if not found:
+            missing.append(rel)
+    assert not missing, f"not in the README's Layout: {missing}"
