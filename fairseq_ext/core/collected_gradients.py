@@ -1,8 +1,8 @@
 """Products and row gathers made once per position of a decode under gradients, whose
 weight's (or table's) gradient autograd computes once for all positions: X^T G over the
-(input, output gradient) pairs every position's backward kept (``_CollectedWeight``,
-``_Product``), one index_add of every position's rows' gradients (``_CollectedTable``,
-``_Gathered``), instead of one product (one table-sized gradient) per position and their
+(input, output gradient) pairs every position's backward kept (``CollectedWeight``,
+``Product``), one index_add of every position's rows' gradients (``CollectedTable``,
+``Gathered``), instead of one product (one table-sized gradient) per position and their
 sum. Pure PyTorch; the static-cache decoder steps (``decoding.step_base``) use them for
 the steps decoded under gradients (DSS's exact pass, the soft beam).
 """
@@ -12,9 +12,9 @@ import torch
 from torch import Tensor
 
 
-class _Pairs:
+class Pairs:
     """The (input, output gradient) pairs of one weight's products in a decode, kept by
-    their backward passes (``_Product``) for the weight's gradient (``_CollectedWeight``);
+    their backward passes (``Product``) for the weight's gradient (``CollectedWeight``);
     ``w``: W (a view of W^T), which every product's input gradient multiplies by."""
 
     def __init__(self):
@@ -23,14 +23,14 @@ class _Pairs:
         self.w: Optional[Tensor] = None
 
 
-class _CollectedWeight(torch.autograd.Function):
+class CollectedWeight(torch.autograd.Function):
     """(W^T, b) as they are, for products made once per position of a decode; their
     gradient is computed once, X^T G over the pairs every position's backward kept,
     instead of one product per position and the sum of them. Autograd runs this
     backward after every product's (it consumes their outputs)."""
 
     @staticmethod
-    def forward(ctx, pairs: _Pairs, wt: Tensor, b: Optional[Tensor]):
+    def forward(ctx, pairs: Pairs, wt: Tensor, b: Optional[Tensor]):
         ctx.set_materialize_grads(False)
         ctx.pairs, ctx.dtypes = pairs, (wt.dtype, None if b is None else b.dtype)
         pairs.w = wt.t()
@@ -51,12 +51,12 @@ class _CollectedWeight(torch.autograd.Function):
         return None, grad_wt, grad_b
 
 
-class _Product(torch.autograd.Function):
-    """x W^T + b of ``_CollectedWeight``'s (W^T, b): its backward gives x's gradient and
+class Product(torch.autograd.Function):
+    """x W^T + b of ``CollectedWeight``'s (W^T, b): its backward gives x's gradient and
     keeps (x, output gradient) for the weight's."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, wt: Tensor, b: Optional[Tensor], pairs: _Pairs) -> Tensor:
+    def forward(ctx, x: Tensor, wt: Tensor, b: Optional[Tensor], pairs: Pairs) -> Tensor:
         ctx.save_for_backward(x)
         ctx.pairs = pairs
         return torch.mm(x, wt) if b is None else torch.addmm(b, x, wt)
@@ -74,13 +74,13 @@ class _Product(torch.autograd.Function):
         return grad_x, None, None, None
 
 
-class _CollectedTable(torch.autograd.Function):
+class CollectedTable(torch.autograd.Function):
     """A table (token or position embeddings) as it is, for rows gathered once per position
-    of a decode (``_Gathered``); its gradient is one index_add of every position's rows'
+    of a decode (``Gathered``); its gradient is one index_add of every position's rows'
     gradients, not a table-sized gradient per position and their sum."""
 
     @staticmethod
-    def forward(ctx, pairs: _Pairs, table: Tensor):
+    def forward(ctx, pairs: Pairs, table: Tensor):
         ctx.set_materialize_grads(False)
         ctx.pairs, ctx.shape, ctx.dtype = pairs, table.shape, table.dtype
         return table.view_as(table)
@@ -96,11 +96,11 @@ class _CollectedTable(torch.autograd.Function):
         return None, grad_table
 
 
-class _Gathered(torch.autograd.Function):
-    """Rows ``index`` of ``_CollectedTable``'s table: its backward keeps (index, gradient)."""
+class Gathered(torch.autograd.Function):
+    """Rows ``index`` of ``CollectedTable``'s table: its backward keeps (index, gradient)."""
 
     @staticmethod
-    def forward(ctx, table: Tensor, index: Tensor, pairs: _Pairs) -> Tensor:
+    def forward(ctx, table: Tensor, index: Tensor, pairs: Pairs) -> Tensor:
         ctx.save_for_backward(index)
         ctx.pairs = pairs
         return table.index_select(0, index)

@@ -21,7 +21,7 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_ext.decoding.step_base import _DecoderStep, _dropout, _mm
+from fairseq_ext.decoding.step_base import DecoderStep, apply_dropout, affine
 
 
 def lstm_unsupported_reason(decoder) -> Optional[str]:
@@ -44,7 +44,7 @@ def lstm_unsupported_reason(decoder) -> Optional[str]:
     return None
 
 
-class LSTMStep(_DecoderStep):
+class LSTMStep(DecoderStep):
     """Decoder steps of a fairseq ``lstm`` / ``lstm_lm`` model for ``rows`` sequences;
     the arguments and methods of ``TransformerStep`` (``max_steps`` is not needed: the
     state does not grow).
@@ -74,8 +74,8 @@ class LSTMStep(_DecoderStep):
             self.h = [hiddens[i].index_select(0, expand) for i in range(n_layers)]
             self.c = [cells[i].index_select(0, expand) for i in range(n_layers)]
             if decoder.encoder_hidden_proj is not None:
-                self.h = [_mm(h, *self._t(decoder.encoder_hidden_proj, collect=False)) for h in self.h]
-                self.c = [_mm(c, *self._t(decoder.encoder_cell_proj, collect=False)) for c in self.c]
+                self.h = [affine(h, *self._t(decoder.encoder_hidden_proj, collect=False)) for h in self.h]
+                self.c = [affine(c, *self._t(decoder.encoder_cell_proj, collect=False)) for c in self.c]
             self.feed = torch.zeros(rows, size, dtype=dtype, device=device)  # fairseq's input feed
         else:
             self.h = [torch.zeros(rows, size, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -130,31 +130,31 @@ class LSTMStep(_DecoderStep):
             x = self._rows(self.embed, tokens if self.offsets is None else tokens + self.offsets)
             if replace is not None:
                 x = torch.where(replace[:, None], embeds.to(x.dtype), x)
-        x = _dropout(x, self.drop_in)
+        x = apply_dropout(x, self.drop_in)
         x = torch.cat([x, self.feed], 1) if self.feed is not None else x
         size = d.hidden_size
         for i, weights in enumerate(self.cells):
-            gates = _mm(torch.cat([x, self.h[i]], 1), *weights).view(-1, 4, size)
+            gates = affine(torch.cat([x, self.h[i]], 1), *weights).view(-1, 4, size)
             s = torch.sigmoid(gates)  # input, forget, (cell: tanh below), output gates
             c = torch.addcmul(s[:, 1] * self.c[i], s[:, 0], torch.tanh(gates[:, 2]))
             h = s[:, 3] * torch.tanh(c)
-            x = _dropout(h, self.drop_out)
+            x = apply_dropout(h, self.drop_out)
             if d.residuals:
                 x = x + self.h[i]
             self.h[i], self.c[i] = h, c
         out = h
         if self.attention is not None:
             proj_in, proj_out = self.attention
-            query = _mm(h, *proj_in)
+            query = affine(h, *proj_in)
             scores = torch.bmm(self.source, query.unsqueeze(2)).squeeze(2)
             if self.source_bias is not None:  # in float32 and back, as fairseq (its rounding, gradients included)
                 scores = (scores.float() + self.source_bias).to(scores.dtype)
             probs = torch.softmax(scores, dim=-1)
             context = torch.bmm(probs.unsqueeze(1), self.source).squeeze(1)
-            out = torch.tanh(_mm(torch.cat([context, h], 1), *proj_out))
-        out = _dropout(out, self.drop_out)
+            out = torch.tanh(affine(torch.cat([context, h], 1), *proj_out))
+        out = apply_dropout(out, self.drop_out)
         if self.feed is not None:
             self.feed = out
         if self.additional_fc is not None:
-            out = _dropout(_mm(out, *self.additional_fc), self.drop_out)
-        return _mm(out, *self.output)
+            out = apply_dropout(affine(out, *self.additional_fc), self.drop_out)
+        return affine(out, *self.output)

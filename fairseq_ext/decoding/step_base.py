@@ -10,30 +10,30 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_ext.core.collected_gradients import _CollectedTable, _CollectedWeight, _Gathered, _Pairs, _Product
+from fairseq_ext.core.collected_gradients import CollectedTable, CollectedWeight, Gathered, Pairs, Product
 
 
-def _attend(q: Tensor, keys_t: Tensor, values: Tensor, bias: Tensor, scale: float, dropout=None) -> Tensor:
+def attend(q: Tensor, keys_t: Tensor, values: Tensor, bias: Tensor, scale: float, dropout=None) -> Tensor:
     """softmax(scale q k^T + bias) v over (N*H) rows: q (N*H, 1, d), keys_t (N*H, d, S),
     values (N*H, S, d), bias (N*H, 1, S) (0, or -inf for a masked key); ``dropout`` (a
     module or None) on the attention probabilities."""
     probs = torch.softmax(torch.baddbmm(bias, q, keys_t, alpha=scale), dim=-1)
-    return torch.bmm(_dropout(probs, dropout), values)
+    return torch.bmm(apply_dropout(probs, dropout), values)
 
 
-def _dropout(x: Tensor, module) -> Tensor:
+def apply_dropout(x: Tensor, module) -> Tensor:
     """The decoder's own dropout module on x (None: no dropout). Calling the module, not
     ``F.dropout``, keeps whatever its caller made of it (the soft beam's masks shared
     over a sentence's beam)."""
     return module(x) if module is not None else x
 
 
-def _mm(x: Tensor, wt: Tensor, b: Optional[Tensor], pairs: Optional[_Pairs] = None) -> Tensor:
+def affine(x: Tensor, wt: Tensor, b: Optional[Tensor], pairs: Optional[Pairs] = None) -> Tensor:
     """x W^T + b for (rows, C) x. Grouped weights (wt (G, C, C'), b (G, 1, C')): the rows
     are G equal blocks, block g multiplied by group g's weights. ``pairs``: (W^T, b) from
-    ``_CollectedWeight``, whose gradient is computed once for every position."""
+    ``CollectedWeight``, whose gradient is computed once for every position."""
     if pairs is not None:
-        return _Product.apply(x, wt, b, pairs)
+        return Product.apply(x, wt, b, pairs)
     if wt.dim() == 2:
         y = torch.mm(x, wt)
         return y.add_(b) if b is not None else y
@@ -42,7 +42,7 @@ def _mm(x: Tensor, wt: Tensor, b: Optional[Tensor], pairs: Optional[_Pairs] = No
     return y.view(-1, y.size(-1))
 
 
-def _ln(x: Tensor, norm: Tuple) -> Tensor:
+def norm_rows(x: Tensor, norm: Tuple) -> Tensor:
     """Layer norm of (rows, C) x; ``norm`` from ``TransformerStep._norm`` (grouped weights:
     (G, 1, C), block g of the rows scaled by group g's)."""
     shape, w, b, eps = norm
@@ -52,8 +52,8 @@ def _ln(x: Tensor, norm: Tuple) -> Tensor:
     return torch.addcmul(b, y, w).view(x.shape)
 
 
-class _DecoderStep:
-    """What the static-cache steps share: the weights of their products as ``_mm``
+class DecoderStep:
+    """What the static-cache steps share: the weights of their products as ``affine``
     multiplies them (the model's own, or G parameter sets stepped together, ``weights(p)``
     the (G, *p.shape) stack of parameter p's values; collected under gradients), and
     ``step``, the log-probabilities of ``logits``."""
@@ -70,7 +70,7 @@ class _DecoderStep:
         if compiled and not differentiable:
             raise ValueError("only the differentiable step is compiled")
         self.differentiable, self.compiled = differentiable, compiled
-        # under gradients, each weight's gradient once for all positions (``_CollectedWeight``; not
+        # under gradients, each weight's gradient once for all positions (``CollectedWeight``; not
         # in a compiled step, whose compiler cannot trace the Python lists it keeps)
         self.collect = differentiable and torch.is_grad_enabled() and not compiled
 
@@ -104,9 +104,9 @@ class _DecoderStep:
 
     def _linear(self, w: Tensor, b: Optional[Tensor], collect: bool = True) -> Tuple:
         """(W^T, bias) of a weight (out, in) and bias (out,) (stacks (G, out, in), (G, out)
-        for G parameter sets) as ``_mm`` multiplies: W^T contiguous, or (G, in, out) and
+        for G parameter sets) as ``affine`` multiplies: W^T contiguous, or (G, in, out) and
         (G, 1, out). Under gradients (differentiable step), (W^T, bias, pairs) whose gradient
-        ``_CollectedWeight`` computes once."""
+        ``CollectedWeight`` computes once."""
         if self.groups > 1:
             return w.transpose(1, 2), (b[:, None] if b is not None else None)
         wt = w.t() if self.compiled else w.t().contiguous()  # compiled: the compiler lays the product out
@@ -116,19 +116,19 @@ class _DecoderStep:
         """(W^T, b, pairs) under gradients (one parameter set), else (W^T, b) as they are."""
         if not self.collect or self.groups > 1:
             return wt, b
-        pairs = _Pairs()
-        return (*_CollectedWeight.apply(pairs, wt, b), pairs)
+        pairs = Pairs()
+        return (*CollectedWeight.apply(pairs, wt, b), pairs)
 
-    def _table(self, table: Tensor) -> Tuple[Tensor, Optional[_Pairs]]:
+    def _table(self, table: Tensor) -> Tuple[Tensor, Optional[Pairs]]:
         """(table, pairs) for ``_rows``: under gradients the table's gradient is collected
-        once for every position (``_CollectedTable``), where it requires one."""
+        once for every position (``CollectedTable``), where it requires one."""
         if not (self.collect and table.requires_grad):
             return table, None
-        pairs = _Pairs()
-        return _CollectedTable.apply(pairs, table), pairs
+        pairs = Pairs()
+        return CollectedTable.apply(pairs, table), pairs
 
     @staticmethod
-    def _rows(table: Tuple[Tensor, Optional[_Pairs]], index: Tensor) -> Tensor:
+    def _rows(table: Tuple[Tensor, Optional[Pairs]], index: Tensor) -> Tensor:
         """Rows ``index`` of a ``_table``."""
         t, pairs = table
-        return t.index_select(0, index) if pairs is None else _Gathered.apply(t, index, pairs)
+        return t.index_select(0, index) if pairs is None else Gathered.apply(t, index, pairs)

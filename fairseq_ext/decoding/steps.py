@@ -21,7 +21,7 @@ from torch import Tensor
 from fairseq_ext.decoding.compiled_step import compiled_logits
 from fairseq_ext.decoding.fairseq_step import FairseqStep
 from fairseq_ext.decoding.lstm_step import LSTMStep, lstm_unsupported_reason
-from fairseq_ext.decoding.step_base import _DecoderStep
+from fairseq_ext.decoding.step_base import DecoderStep
 from fairseq_ext.decoding.transformer_step import TransformerStep, transformer_unsupported_reason
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def use_step(decoder, who: str) -> bool:
 
 def decoder_step(model, encoder_out, expand: Tensor, max_steps: int,
                  weights: Optional[Callable[[Tensor], Tensor]] = None, groups: int = 1,
-                 differentiable: bool = False, compiled: bool = False) -> "_DecoderStep":
+                 differentiable: bool = False, compiled: bool = False) -> "DecoderStep":
     """The static-cache step of ``model``'s decoder (``unsupported_reason`` None):
     ``TransformerStep``, or ``lstm_step.LSTMStep`` for fairseq's LSTMDecoder; the
     arguments are ``TransformerStep``'s. compiled: a differentiable step built for

@@ -20,7 +20,7 @@ Two variants: G parameter sets stepped together (grouped weights: MGS's theta an
 its perturbations in one decode), and a differentiable step for decoding under
 gradients (caches grown by concatenation, fairseq's dropout; DSS's exact pass, the
 soft beam). Under gradients each weight's gradient is one product over every
-position of the decode (``_CollectedWeight``), not one product per position summed.
+position of the decode (``CollectedWeight``), not one product per position summed.
 
 fairseq's ``LSTMDecoder`` (``lstm``, ``lstm_lm``) has its own step with the same
 interface, ``lstm_step.LSTMStep``; both build on ``step_base``, and
@@ -36,7 +36,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_ext.decoding.step_base import _attend, _DecoderStep, _dropout, _ln, _mm
+from fairseq_ext.decoding.step_base import attend, DecoderStep, apply_dropout, norm_rows, affine
 
 
 def transformer_unsupported_reason(decoder) -> Optional[str]:
@@ -73,7 +73,7 @@ def transformer_unsupported_reason(decoder) -> Optional[str]:
     return None
 
 
-class TransformerStep(_DecoderStep):
+class TransformerStep(DecoderStep):
     """Decoder steps of ``model`` for ``rows`` sequences of at most ``max_steps`` tokens.
 
     model: a fairseq ``transformer`` / ``transformer_lm`` model (see
@@ -168,7 +168,7 @@ class TransformerStep(_DecoderStep):
             if ea is not None and enc is not None:
                 flat = enc.reshape(rows * s_len, -1)
                 # projected once, so by autograd's own product (nothing to collect)
-                enc_kv += [_mm(flat, *self._t(proj, collect=False)).view(rows, s_len, h, d).transpose(1, 2)
+                enc_kv += [affine(flat, *self._t(proj, collect=False)).view(rows, s_len, h, d).transpose(1, 2)
                            for proj in (ea.k_proj, ea.v_proj)]
                 p["ea"] = {"ln": self._norm(layer.encoder_attn_layer_norm),
                            "q": self._t(ea.q_proj, scale=self.query_scale),
@@ -210,7 +210,7 @@ class TransformerStep(_DecoderStep):
         return {"qkv": joined(parts)}
 
     def _norm(self, ln) -> Optional[Tuple]:
-        """(shape, weight, bias, eps) of a LayerNorm for ``_ln`` (None for no LayerNorm)."""
+        """(shape, weight, bias, eps) of a LayerNorm for ``norm_rows`` (None for no LayerNorm)."""
         if ln is None:
             return None
         w, b = ln.weight, ln.bias
@@ -273,21 +273,21 @@ class TransformerStep(_DecoderStep):
     def _self_attention(self, i: int, x: Tensor, p: Dict) -> Tensor:
         n, h, d, t = self.rows, self.heads, self.head_dim, self.t
         if self.differentiable:  # the query, and each head's key beside its value (``_qkv``)
-            q = _mm(x, *p["q"]).view(n * h, 1, d)
-            kv = _mm(x, *p["kv"]).view(n * h, 2, 1, d)
+            q = affine(x, *p["q"]).view(n * h, 1, d)
+            kv = affine(x, *p["kv"]).view(n * h, 2, 1, d)
             kv = self.grown[i] = kv if self.grown[i] is None else torch.cat([self.grown[i], kv], 2)
             keys, values = kv.unbind(1)  # one autograd node, where two slices would make two zero caches
-            return _attend(q, keys.transpose(1, 2), values, self.self_bias, self.scale, p["drop_sa"]).view(n, h * d)
-        qkv = _mm(x, *p["qkv"]).view(n, h, 3, d)  # per head its query, key and value (``_qkv``)
+            return attend(q, keys.transpose(1, 2), values, self.self_bias, self.scale, p["drop_sa"]).view(n, h * d)
+        qkv = affine(x, *p["qkv"]).view(n, h, 3, d)  # per head its query, key and value (``_qkv``)
         q = qkv[:, :, 0].reshape(n * h, 1, d)  # a view: no copy
         self.kv[i, :, :, :, t] = qkv[:, :, 1:].permute(2, 0, 1, 3)
         keys_t = self.keys[i][:, : t + 1].transpose(1, 2)
-        return _attend(q, keys_t, self.values[i][:, : t + 1], self.self_bias_3d[..., : t + 1], self.scale).view(n, h * d)
+        return attend(q, keys_t, self.values[i][:, : t + 1], self.self_bias_3d[..., : t + 1], self.scale).view(n, h * d)
 
     def _encoder_attention(self, x: Tensor, ea: Dict) -> Tensor:
         n = self.rows
-        q = _mm(x, *ea["q"]).view(n * self.heads, 1, self.head_dim)
-        return _attend(q, ea["keys_t"], ea["values"], self.enc_bias, self.scale, ea["drop"]).view(n, -1)
+        q = affine(x, *ea["q"]).view(n * self.heads, 1, self.head_dim)
+        return attend(q, ea["keys_t"], ea["values"], self.enc_bias, self.scale, ea["drop"]).view(n, -1)
 
     def logits(self, tokens: Tensor, embeds: Optional[Tensor] = None, replace: Optional[Tensor] = None) -> Tensor:
         """Feed (rows,) tokens at the next position; (rows, V) output scores in the model's dtype.
@@ -315,30 +315,30 @@ class TransformerStep(_DecoderStep):
         if d.embed_scale != 1:
             x = x * d.embed_scale
         if self.project_in is not None:
-            x = _mm(x, *self.project_in)
+            x = affine(x, *self.project_in)
         x = x + self._rows(self.positions, position)
         if self.layernorm_embedding is not None:
-            x = _ln(x, self.layernorm_embedding)
-        x = _dropout(x, self.drop_embed)
+            x = norm_rows(x, self.layernorm_embedding)
+        x = apply_dropout(x, self.drop_embed)
         for i, p in enumerate(self.layers):
             pre = p["pre"]
             residual = x
-            x = _ln(x, p["sa_ln"]) if pre else x
-            x = residual + _dropout(_mm(self._self_attention(i, x, p), *p["sa_out"]), p["drop"])
-            x = x if pre else _ln(x, p["sa_ln"])
+            x = norm_rows(x, p["sa_ln"]) if pre else x
+            x = residual + apply_dropout(affine(self._self_attention(i, x, p), *p["sa_out"]), p["drop"])
+            x = x if pre else norm_rows(x, p["sa_ln"])
             ea = p["ea"]
             if ea is not None:
                 residual = x
-                x = _ln(x, ea["ln"]) if pre else x
-                x = residual + _dropout(_mm(self._encoder_attention(x, ea), *ea["out"]), p["drop"])
-                x = x if pre else _ln(x, ea["ln"])
+                x = norm_rows(x, ea["ln"]) if pre else x
+                x = residual + apply_dropout(affine(self._encoder_attention(x, ea), *ea["out"]), p["drop"])
+                x = x if pre else norm_rows(x, ea["ln"])
             residual = x
-            x = _ln(x, p["ffn_ln"]) if pre else x
-            x = residual + _dropout(_mm(_dropout(p["act"](_mm(x, *p["fc1"])), p["drop_act"]), *p["fc2"]), p["drop"])
-            x = x if pre else _ln(x, p["ffn_ln"])
+            x = norm_rows(x, p["ffn_ln"]) if pre else x
+            x = residual + apply_dropout(affine(apply_dropout(p["act"](affine(x, *p["fc1"])), p["drop_act"]), *p["fc2"]), p["drop"])
+            x = x if pre else norm_rows(x, p["ffn_ln"])
         if self.layer_norm is not None:
-            x = _ln(x, self.layer_norm)
+            x = norm_rows(x, self.layer_norm)
         if self.project_out is not None:
-            x = _mm(x, *self.project_out)
+            x = affine(x, *self.project_out)
         self.t += 1
-        return _mm(x, *self.output)
+        return affine(x, *self.output)
