@@ -198,16 +198,20 @@ class MGSCriterion(FairseqCriterion):
         total, _ = self.scorer.score(cand.as_list(), cand.source_index, batch)
         return pooled_mean(total), cand, batch
 
+    def _nll(self, module, sample):
+        """(the summed token NLL of the references, the targets), teacher-forced."""
+        net_output = module(**sample["net_input"])
+        lprobs = module.get_normalized_probs(net_output, log_probs=True)
+        target = module.get_targets(sample, net_output)
+        nll = torch.nn.functional.nll_loss(lprobs.view(-1, lprobs.size(-1)), target.view(-1),
+                                           ignore_index=self.padding_idx, reduction="sum")
+        return nll, target
+
     def _mle_gradient(self, module, sample):
         """(params, g: the per-token NLL gradient pooled over workers, one flat vector (the
         parameters' in order), this worker's summed NLL and ntokens)."""
         params = [p for p in module.parameters() if p.requires_grad]
-        net_output = module(**sample["net_input"])
-        lprobs = module.get_normalized_probs(net_output, log_probs=True)
-        target = module.get_targets(sample, net_output)
-        nll = torch.nn.functional.nll_loss(
-            lprobs.view(-1, lprobs.size(-1)), target.view(-1), ignore_index=self.padding_idx, reduction="sum"
-        )
+        nll, target = self._nll(module, sample)
         grads = torch.autograd.grad(nll, params, allow_unused=True)
         flat = torch.cat([(torch.zeros_like(p) if g is None else g.detach()).reshape(-1) for p, g in zip(params, grads)])
         del grads
@@ -329,12 +333,7 @@ class MGSCriterion(FairseqCriterion):
         module = unwrap(model)
         self.scorer.bind_model(module)
         with torch.no_grad():
-            net_output = module(**sample["net_input"])
-            lprobs = module.get_normalized_probs(net_output, log_probs=True)
-            target = module.get_targets(sample, net_output)
-            nll = torch.nn.functional.nll_loss(
-                lprobs.view(-1, lprobs.size(-1)), target.view(-1), ignore_index=self.padding_idx, reduction="sum"
-            )
+            nll, target = self._nll(module, sample)
         decoded = decode_batch(module, sample, self.greedy_cfg)
         cand, batch = decoded.candidates, decoded.batch
         total, per_name = self.scorer.score(cand.as_list(), cand.source_index, batch)
