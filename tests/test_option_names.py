@@ -9,6 +9,7 @@ import enum
 import io
 import os
 
+import pytest
 import torch
 
 from conftest import REPO, run_cli_batch
@@ -119,13 +120,31 @@ def _parse(component, argv):
     generate = component.name in ("translation_mh", "translation_search", "translation_mbr")
     parser = options.get_generation_parser() if generate else options.get_training_parser()
     err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        args = options.parse_args_and_arch(parser, ["data", "--user-dir", os.path.join(REPO, "fairseq_ext"), *head,
-                                                    *argv])
+    _LAST_ERR[0] = ""
+    try:
+        with contextlib.redirect_stderr(err):
+            args = options.parse_args_and_arch(parser, ["data", "--user-dir", os.path.join(REPO, "fairseq_ext"), *head,
+                                                        *argv])
+    finally:
+        _LAST_ERR[0] = err.getvalue()
     return args, err.getvalue(), parser.prog
 
 
-def test_each_old_spelling_sets_the_new_option_with_one_warning():
+_LAST_ERR = [""]  # what the last _parse wrote to stderr (also when it exited)
+
+
+def _refusal(component, argv):
+    """(exit code, stderr) of fairseq's parse of ``argv`` for ``component``."""
+    try:
+        _parse(component, argv)
+    except SystemExit as e:
+        return e.code, _LAST_ERR[0]
+    return 0, _LAST_ERR[0]
+
+
+def test_each_old_spelling_on_the_command_line_names_the_new_one():
+    """With its component chosen, an old flag (``--old VALUE`` and ``--old=VALUE``) stops the parse
+    with one line naming the new spelling (exit 2); the new spelling parses."""
     cases = renamed()
     assert {c.kind for c, _, _ in cases} == {"criterion", "task", "model"}
     assert {"--normalization", "--hamming-weights", "--tag-column", "--base-lm"} <= {old for *_, old in cases}
@@ -133,46 +152,43 @@ def test_each_old_spelling_sets_the_new_option_with_one_warning():
 
     for component, f, old in cases:
         words, value = _value(f)
-        args, err, prog = _parse(component, [old, *words])
-        assert getattr(args, f.name) == value, (component.name, old, getattr(args, f.name), value)
-        warnings = [line for line in err.splitlines() if "deprecated" in line]
-        assert warnings == [f"{prog}: warning: {old} is deprecated, use {flag(f.name)}"], err
-        args, err, _ = _parse(component, [f"{old}={words[0]}"] if words else [old])  # the --old=VALUE form
-        assert getattr(args, f.name) == value
-        new_args, err, _ = _parse(component, [flag(f.name), *words])  # the new name: the same, no warning
-        assert getattr(new_args, f.name) == value and "deprecated" not in err
+        for argv in ([old, *words], [f"{old}={words[0]}"] if words else [old]):
+            code, err = _refusal(component, argv)
+            lines = err.strip().splitlines()
+            assert code == 2 and lines[-1].endswith(f"error: {old} was renamed {flag(f.name)}"), (old, err)
+        new_args, err, _ = _parse(component, [flag(f.name), *words])
+        assert getattr(new_args, f.name) == value and "renamed" not in err
 
 
 def test_old_spelling_belongs_to_its_component_only():
     """Another component keeps its own meaning of the old name (fairseq's wav2vec has
-    --num-negatives); an unchosen component's old name is not rewritten."""
+    --num-negatives); an unchosen component's old name is not refused; nothing after --."""
     from fairseq import options
 
-    from fairseq_ext.runtime.renamed import rewrite_argv
+    from fairseq_ext.runtime.renamed import refuse_old_spellings
 
     parser = options.get_training_parser()
     for argv in (["d", "--task", "audio_pretraining", "--arch", "wav2vec2", "--num-negatives", "3"],
                  ["d", "--task", "translation", "--criterion", "mgs", "--normalization", "global"],
                  ["d", "--task", "sequence_tagging", "--", "--cache-dir", "x"],
                  ["d", "--cache-dir", "x", "--task"]):  # malformed: left to fairseq's parser to report
-        err = io.StringIO()
-        assert rewrite_argv(argv, parser, stream=err) == argv and err.getvalue() == ""
+        refuse_old_spellings(argv, parser)
     # a script's parser that sets the task by default (get_generation_parser(default_task=...))
     parser = options.get_generation_parser(default_task="residual_lm")
-    assert rewrite_argv(["d", "--base-lm", "lm.pt"], parser, stream=io.StringIO()) == ["d", "--residual-base-lm",
-                                                                                      "lm.pt"]
+    with pytest.raises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()) as err:
+        refuse_old_spellings(["d", "--base-lm", "lm.pt"], parser)
+    assert e.value.code == 2 and "--base-lm was renamed --residual-base-lm" in err.getvalue()
 
 
-def test_fairseq_train_reads_an_old_spelling_as_the_new_option(conll, tmp_path):
-    """Through the console command: the warning, then the new option's own error for a bad value."""
+def test_fairseq_train_refuses_an_old_spelling_before_any_work(conll, tmp_path):
+    """Through the console command: one line naming the new option, exit 2, nothing written."""
     save = tmp_path / "ck"
     argv = ["fairseq-train", conll, "--user-dir", "fairseq_ext", "--task", "sequence_tagging", "--tagging-cache-dir",
             str(tmp_path / "cache"), "--arch", "tagging_lstm_tiny", "--optimizer", "adam", "--lr", "0.01",
             "--max-update", "1", "--save-dir", str(save)]
-    r, = run_cli_batch([argv + ["--tag-column", "nosuch"]], tmp_path)
+    r, = run_cli_batch([argv + ["--tag-column", "pos"]], tmp_path)
     lines = r["stderr"].strip().splitlines()
-    assert r["rc"] == 2 and "fairseq-train: warning: --tag-column is deprecated, use --tagging-column" in lines
-    assert lines[-1].startswith("fairseq-train: error: argument --tagging-column: invalid choice: 'nosuch'")
+    assert r["rc"] == 2 and lines[-1] == "fairseq-train: error: --tag-column was renamed --tagging-column"
     assert not save.exists()
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Optional
 
 from fairseq_ext.runtime import fixes
 from fairseq_ext.runtime.components import flag_owners, is_plugin, plugin_flags
-from fairseq_ext.runtime.renamed import rewrite_argv
+from fairseq_ext.runtime.renamed import refuse_old_spellings
 from fairseq_ext.runtime.validation import check_parsed, chosen_components
 
 HELP_FLAGS = ("-h", "--help")
@@ -89,7 +89,8 @@ def _fairseq_parser(parse_args_and_arch: Callable) -> Callable:
             usage_error(message)
 
         parser.error = error
-        argv = rewrite_argv(sys.argv[1:] if input_args is None else input_args, parser)
+        argv = list(sys.argv[1:] if input_args is None else input_args)
+        refuse_old_spellings(argv, parser)
         if any(flag in argv for flag in HELP_FLAGS):
             # fairseq first parses the known options to find the task, criterion, ...,
             # then adds their options and parses again: keep --help for the second parse

@@ -1,4 +1,5 @@
-"""Old spellings of renamed plugin options, accepted for one more release.
+"""Old spellings of renamed plugin options: saved checkpoints load with them; the command
+line names the new spelling.
 
 Every option a plugin component declares begins with that component's prefix
 (``--mgs-``, ``--soft-beam-``, ``--residual-``, ``--tagging-``, ``--search-``,
@@ -10,25 +11,23 @@ metadata, beside its help:
 
     soft_beam_normalization: ... = field(..., metadata={"help": ..., "deprecated": "--normalization"})
 
-and the old spelling keeps working, in two places:
+and the old spelling serves in two places:
 
-* on the command line (``rewrite_argv``, called by the plugin's wrapper of
-  fairseq's parser): when the component that owns it is chosen (``--task``,
-  ``--criterion``, ``--arch``), the old flag is read as the new one and the
-  command prints one warning line, e.g.
-  ``fairseq-train: warning: --normalization is deprecated, use --soft-beam-normalization``;
-  with another component the old name means whatever that component means by it
-  (fairseq's wav2vec has its own ``--num-negatives``);
 * in a checkpoint saved before the rename (``upgrade_checkpoint_cfg``, called on
   every checkpoint fairseq loads): the old key of a plugin component's saved
   config is moved to the new one, so that fairseq's merge with the config class
-  neither refuses nor silently drops it.
+  neither refuses nor silently drops it;
+* on the command line (``refuse_old_spellings``, called by the plugin's wrapper of
+  fairseq's parser): when the component that owns it is chosen (``--task``,
+  ``--criterion``, ``--arch``), the old flag stops the command before any work with
+  one line that names the new one, e.g.
+  ``fairseq-train: error: --normalization was renamed --soft-beam-normalization``;
+  with another component the old name means whatever that component means by it
+  (fairseq's wav2vec has its own ``--num-negatives``).
 """
 import argparse
 import dataclasses
-import os
-import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 DEPRECATED = "deprecated"  # metadata key: the old flag, or a tuple of old flags, of a renamed option
 
@@ -75,28 +74,20 @@ def renamed_options(argv: Sequence[str], parser: Optional[argparse.ArgumentParse
     return out
 
 
-def rewrite_argv(argv: Sequence[str], parser: Optional[argparse.ArgumentParser] = None, stream=None) -> List[str]:
-    """``argv`` (for fairseq's ``parser``) with the old flags of the chosen components
-    replaced by their new names (``--old VALUE`` and ``--old=VALUE``), and one
-    warning line per old flag written to ``stream`` (stderr)."""
+def refuse_old_spellings(argv: Sequence[str], parser: Optional[argparse.ArgumentParser] = None) -> None:
+    """Stop, with one line naming the new spelling (exit 2), at the first old flag of the components
+    ``argv`` chooses (``--old VALUE`` or ``--old=VALUE``; nothing after ``--``)."""
     renames = renamed_options(argv, parser)
-    if not renames:
-        return list(argv)
-    out, warned = [], set()
     for arg in argv:
         if arg == "--":
-            renames = {}  # everything after -- is a value
-        name, eq, value = arg.partition("=")
-        new = renames.get(name) if name.startswith("--") else None
-        if new is None:
-            out.append(arg)
-            continue
-        if name not in warned:
-            warned.add(name)
-            prog = parser.prog if parser is not None else os.path.basename(sys.argv[0] if sys.argv else "") or "python"
-            (stream or sys.stderr).write(f"{prog}: warning: {name} is deprecated, use {new}\n")
-        out.append(new + eq + value)
-    return out
+            return
+        name = arg.partition("=")[0]
+        if name.startswith("--") and name in renames:
+            message = f"{name} was renamed {renames[name]}"
+            if parser is not None:
+                parser.exit(2, f"{parser.prog}: error: {message}\n")
+            from fairseq_ext.runtime.cli import ConfigError
+            raise ConfigError(message)
 
 
 def _component_config(section: Mapping, kind: str) -> Optional[type]:
