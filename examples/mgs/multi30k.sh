@@ -59,8 +59,8 @@ criterion_args() {  # the criterion of a method: the package's defaults, and the
     mgs_edit) echo "--criterion mgs --mgs-task-loss edit --mgs-alpha $MGS_ALPHA" ;;
     mrt) echo "--criterion mrt --mrt-task-loss sbleu" ;;
     pg) echo "--criterion pg --pg-task-loss sbleu" ;;
-    mrt_chrf) echo "--criterion mrt --mrt-task-loss chrf" ;;  # a recall-weighted cost (chrF, beta 2), with the MLE term
-    mrt_chrf_nomle) echo "--criterion mrt --mrt-task-loss chrf --mrt-mle-weight 0" ;;  # ... without it: length hacking
+    mrt_chrf) echo "--criterion mrt --mrt-task-loss chrf" ;;  # chrF beta 2, recall-weighted (the control), with the MLE term
+    mrt_chrf_nomle) echo "--criterion mrt --mrt-task-loss chrf --mrt-mle-weight 0" ;;  # chrF beta 2 without it: length hacking
     mrt_chrf1) echo "--criterion mrt --mrt-task-loss chrf(beta=1)" ;;  # chrF weighting recall as precision
     mrt_chrf1_nomle) echo "--criterion mrt --mrt-task-loss chrf(beta=1) --mrt-mle-weight 0" ;;
     *) echo "unknown method $1" >&2; return 1 ;;
