@@ -62,6 +62,9 @@ class BatchScorer:
                  criterion: str = "mgs"):
         self.terms = parse_cost_spec(spec, f"--{criterion}-task-loss")
         self.weights = {term.name: term.weight for term in self.terms}
+        # the key each term is logged under: its name without options, unless two terms share it
+        bases = [term.base for term in self.terms]
+        self.log_names = {term.name: term.base if bases.count(term.base) == 1 else term.name for term in self.terms}
         self.dictionary = task.target_dictionary
         option = self.post_process_option = f"--{criterion}-post-process"
         text_costs = [t.name for t in self.terms if t.cls.input_kind == "text"]

@@ -29,7 +29,7 @@ from fairseq_ext.decoding.candidates import DecodeConfig
 from fairseq_ext.scoring.teacher_forced import pad_columns, sequence_log_probs
 from fairseq_ext.costs.batch_scorer import BatchScorer, continues_prefixes
 from fairseq_ext.criterions.logged_metrics import (candidate_shape, log_cost_seconds, log_output_shape,
-                                                   log_sentence_means)
+                                                   log_sentence_means, log_term_means, term_sums)
 
 
 def check_candidate_model(task, model, criterion: str) -> None:
@@ -79,7 +79,7 @@ class CandidateRiskCriterion(FairseqCriterion):
         cand, batch = decoded.candidates, decoded.batch
         hyps, index, tokens = self.candidate_set(module, cand, batch)
         with torch.no_grad():
-            costs, _ = self.scorer.score(hyps, index, batch)
+            costs, per_term = self.scorer.score(hyps, index, batch)
         dictionary = self.task.target_dictionary
         shape = candidate_shape(cand, batch, dictionary)
         if not module.training:  # what the deployed (greedy) decoder outputs, to catch length drift early
@@ -110,6 +110,7 @@ class CandidateRiskCriterion(FairseqCriterion):
             "nsentences": bsz,
             "sample_size": bsz,
             "cost_seconds": self.scorer.take_seconds(),
+            **term_sums(per_term, self.scorer.log_names),
             **shape,
             **extra,
         }
@@ -121,6 +122,7 @@ class CandidateRiskCriterion(FairseqCriterion):
         log_output_shape(logging_outputs)
         log_output_shape(logging_outputs, prefix="greedy_")
         log_cost_seconds(logging_outputs)
+        log_term_means(logging_outputs)
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:

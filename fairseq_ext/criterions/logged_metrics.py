@@ -86,3 +86,22 @@ def log_sentence_means(logging_outputs, keys) -> None:
         return
     for key in keys:
         metrics.log_scalar(key, summed(logging_outputs, key) / n, n, round=4)
+
+
+def term_sums(per_name: Dict[str, Tensor], log_names: Dict[str, str], rows: int = None) -> Dict[str, float]:
+    """``cost_{term}_sum``: each term's summed cost over the hypotheses (its first ``rows``), and
+    ``term_hyps``, their number, for ``log_term_means``; ``log_names``: the scorer's key of each term."""
+    out = {f"cost_{log_names[name]}_sum": float(c[:rows].sum()) for name, c in per_name.items()}
+    out["term_hyps"] = float(next(iter(per_name.values()))[:rows].numel()) if per_name else 0.0
+    return out
+
+
+def log_term_means(logging_outputs) -> None:
+    """fairseq metrics ``cost_{term}``: each term of a weighted cost, its mean over the hypotheses
+    (``term_sums`` summed, over ``term_hyps``), logged every update beside the length ratio and rep4."""
+    hyps = summed(logging_outputs, "term_hyps")
+    if hyps <= 0:
+        return
+    keys = sorted({k for log in logging_outputs for k in log if k.startswith("cost_") and k.endswith("_sum")})
+    for key in keys:
+        metrics.log_scalar(key[: -len("_sum")], summed(logging_outputs, key) / hyps, hyps, round=4)

@@ -57,7 +57,8 @@ from fairseq_ext.tasks.text_completion import TextCompletionTask
 from fairseq_ext.core.task_losses import TASK_LOSS_SPEC
 from fairseq_ext.costs.batch_scorer import TASK_LOSS_HELP, BatchScorer
 from fairseq_ext.criterions.candidate_risk import check_candidate_model
-from fairseq_ext.criterions.logged_metrics import candidate_shape, log_cost_seconds, log_output_shape
+from fairseq_ext.criterions.logged_metrics import (candidate_shape, log_cost_seconds, log_output_shape,
+                                                   log_term_means, term_sums)
 
 logger = logging.getLogger(__name__)
 EVALUATIONS = ("batched", "sequential")
@@ -171,6 +172,7 @@ class MGSCriterion(FairseqCriterion):
         self.seed = seed
         self.clock = TrainingClock(task)
         self._update_key = (None, 0)
+        self._terms = {}  # the cost terms' sums of the last _pooled_cost (theta's, in the one-by-one evaluation)
 
     def configure_from_training(self, cfg) -> None:
         """The text costs detokenize as the data does (``BatchScorer.configure_text``)."""
@@ -195,7 +197,8 @@ class MGSCriterion(FairseqCriterion):
         batch as the decoder saw it)."""
         decoded = decode_batch(model, sample, cfg, generator)
         cand, batch = decoded.candidates, decoded.batch
-        total, _ = self.scorer.score(cand.as_list(), cand.source_index, batch)
+        total, per_term = self.scorer.score(cand.as_list(), cand.source_index, batch)
+        self._terms = term_sums(per_term, self.scorer.log_names)
         return pooled_mean(total), cand, batch
 
     def _nll(self, module, sample):
@@ -251,9 +254,10 @@ class MGSCriterion(FairseqCriterion):
         decoded = decode_batch(module, sample, self.decode_cfg, gens, sets=sets)
         groups, batch = decoded.groups, decoded.batch
         hyps = [h for cand in groups for h in cand.as_list()]
-        total, _ = self.scorer.score(hyps, torch.cat([cand.source_index for cand in groups]), batch)
+        total, per_term = self.scorer.score(hyps, torch.cat([cand.source_index for cand in groups]), batch)
         means = pooled_means(total.view(sets.count, -1))
         shape = candidate_shape(groups[0], batch, self.task.target_dictionary)
+        shape.update(term_sums(per_term, self.scorer.log_names, rows=groups[0].tokens.size(0)))  # theta's terms
         return (float(means[0]), means[1:].tolist(), [i["log_q"] for i in infos], [i["norm"] for i in infos],
                 shape)
 
@@ -281,7 +285,7 @@ class MGSCriterion(FairseqCriterion):
         if not batched:
             gen = self._sampling_generator(device, seed)
             c0, cand0, batch0 = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
-            c0, shape = float(c0), candidate_shape(cand0, batch0, self.task.target_dictionary)
+            c0, shape = float(c0), {**candidate_shape(cand0, batch0, self.task.target_dictionary), **self._terms}
         params, grads, nll_sum, ntokens = self._mle_gradient(module, sample)
         grad_norm = clip_grad_([grads], self.mle_clip)
 
@@ -346,7 +350,7 @@ class MGSCriterion(FairseqCriterion):
             **candidate_shape(cand, batch, self.task.target_dictionary, prefix="greedy_"),
         }
         for name, c in per_name.items():
-            logging_output[f"valid_cost_{name}_sum"] = float(c.sum())
+            logging_output[f"valid_cost_{self.scorer.log_names[name]}_sum"] = float(c.sum())
         return nll, ntokens, logging_output
 
     # ---------------------------------------------------------------- metrics
@@ -365,6 +369,7 @@ class MGSCriterion(FairseqCriterion):
                 metrics.log_scalar(f"mgs_{key}", total(f"mgs_{key}") / count, count, round=4)
             log_output_shape(logging_outputs)
             log_cost_seconds(logging_outputs)
+            log_term_means(logging_outputs)
             return
         # validation: MLE loss in base 2 per token (fairseq convention) and the greedy task losses
         if ntok > 0:
