@@ -27,7 +27,7 @@ parser.install()
 if fixes.mode() == "all":  # FAIRSEQ_EXT_FIXES=all: fairseq's own components get the fixes too
     fixes.activate()
 
-from fairseq_ext.costs import sequence_cost  # noqa: E402,F401  (registers the ``lm`` task loss)
+from fairseq_ext.costs import model_costs, sequence_cost  # noqa: E402,F401  (register lm, reverse, paraphrase, fluency)
 from fairseq_ext import criterions  # noqa: E402,F401
 from fairseq_ext import models  # noqa: E402,F401
 from fairseq_ext import tasks  # noqa: E402,F401

@@ -26,8 +26,8 @@ def run(args, **env):
     (["--criterion", "mgs", "--mgs-alpha", "0"], "--mgs-alpha must be > 0, got 0.0"),
     (["--criterion", "mgs", "--mgs-task-loss", "nosuchcost"],
      "--mgs-task-loss must be a task loss or a weighted sum of them (sbleu; edit=1,rep=0.5; "
-     "my_costs:MyCost=1,sbleu=0.5): 'nosuchcost' is not a task loss (registered: chrf, comet, edit, hamming, lm, "
-     "nonterm, rep, sbleu; or your own as module:Class)"),
+     "my_costs:MyCost=1,sbleu=0.5): 'nosuchcost' is not a task loss (registered: chrf, comet, edit, fluency, "
+     "hamming, lm, nonterm, paraphrase, rep, reverse, sbleu; or your own as module:Class)"),
     (["--criterion", "mgs", "--mgs-decoder", "beamsearch"],
      "argument --mgs-decoder: invalid choice: 'beamsearch' (choose from "),
     (["--criterion", "mrt", "--mrt-alpha", "x"], "argument --mrt-alpha: invalid float value: 'x'"),

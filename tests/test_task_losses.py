@@ -36,7 +36,7 @@ def test_registry_lists_builtin_losses():
 
 
 def test_unknown_loss_names_it_and_lists_valid_names():
-    with pytest.raises(ValueError, match=r"'meteor'.*chrf, comet, edit, hamming"):
+    with pytest.raises(ValueError, match=r"'meteor'.*chrf, comet, edit, fluency, hamming"):
         build_task_loss("meteor")
 
 
