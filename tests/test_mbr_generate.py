@@ -224,6 +224,9 @@ def test_shards_make_one_run_and_the_seed_decides(toy_bin, checkpoint, tmp_path)
     (["--mbr-num-candidates", "0"], "--mbr-num-candidates must be >= 1, got 0"),
     (["--mbr-epsilon", "1.0"], "--mbr-epsilon must be in (0, 1), got 1.0"),
     (["--mbr-task-loss", "nosuchcost"], "--mbr-task-loss must be a task loss"),
+    (["--mbr-prefilter-k", "4"], "--mbr-prefilter-task-loss and --mbr-prefilter-k go together"),
+    (["--mbr-prefilter-task-loss", "chrf", "--mbr-prefilter-k", "4"],
+     "--mbr-prefilter-task-loss chrf: the pre-filter ranks the candidates without a reference"),
 ])
 def test_bad_options_end_with_one_line(toy_bin, checkpoint, tmp_path, bad, message):
     out = tmp_path / "never.jsonl"
@@ -276,3 +279,33 @@ def test_mbr_post_process_is_what_the_text_cost_reads(toy_bin, checkpoint, tmp_p
             assert [v for row in got["matrix"] for v in row] == pytest.approx([v for row in want for v in row], abs=1e-6)
         differ += glued[sid]["matrix"] != record["matrix"]
     assert differ >= 10
+
+
+def test_qe_prefilter_keeps_the_k_best_then_mbr_chooses_among_them(toy_bin, checkpoint, tmp_path):
+    """--mbr-prefilter-task-loss (a reference-free cost, here the user's |words - source words| / 10)
+    with --mbr-prefilter-k: K = N is plain MBR (the same outputs and risks); K = 3 keeps the 3
+    distinct candidates of lowest pre-filter cost (recomputed from the text; ties by order), and the
+    choice is the brute-force argmin, over those, of the expected cost of the printed matrix against
+    every pseudo-reference."""
+    env = {"PYTHONPATH": os.pathsep.join([REPO, TESTS])}
+    qe = ["--mbr-prefilter-task-loss", "user_costs:LengthGap"]
+    plain_out, plain = generate(toy_bin, checkpoint, tmp_path, env=env, name="plain")
+    all_out, everything = generate(toy_bin, checkpoint, tmp_path, *qe, "--mbr-prefilter-k", "8", env=env, name="k8")
+    assert chosen_text(all_out) == chosen_text(plain_out)
+    assert all(everything[sid]["risk"] == plain[sid]["risk"] for sid in plain)
+    stdout, records = generate(toy_bin, checkpoint, tmp_path, *qe, "--mbr-prefilter-k", "3", "--mbr-output-matrix",
+                               env=env, name="k3")
+    sources = {sid: lines[0] for sid, lines in __import__("fairseq_ext.evaluation.generate_output",
+                                                          fromlist=["parse"]).parse(stdout)["S"].items()}
+    chosen, screened = chosen_text(stdout), 0
+    for sid, record in records.items():
+        pre = record["prefilter"]
+        gap = [abs(len(c.split()) - len(sources[sid].split())) / 10 for c in pre["candidates"]]
+        assert pre["cost"] == pytest.approx(gap, abs=1e-6)
+        best = sorted(sorted(range(len(gap)), key=lambda i: (gap[i], i))[:3])
+        assert pre["kept"] == best and record["candidates"] == [pre["candidates"][i] for i in best]
+        risks = risks_from_matrix(record)
+        assert chosen[sid] == record["candidates"][min(range(len(risks)), key=lambda i: (round(risks[i], 9), i))]
+        assert sum(record["reference_count"]) == 8  # every pseudo-reference, also those filtered as candidates
+        screened += len(pre["candidates"]) > 3
+    assert screened >= 10

@@ -91,6 +91,14 @@ class MBRGenerator:
                                   score_model=cfg.mbr_score_model, criterion="mbr")
         self.scorer.bind_model(self.model)
         self.qe = not any(cost.needs_reference for cost in self.scorer.costs.values())
+        self.prefilter = None
+        if cfg.mbr_prefilter_task_loss is not None:
+            self.prefilter = BatchScorer(task, cfg.mbr_prefilter_task_loss, post_process=cfg.mbr_post_process,
+                                         score_model=cfg.mbr_score_model, criterion="mbr-prefilter")
+            self.prefilter.bind_model(self.model)
+            if any(cost.needs_reference for cost in self.prefilter.costs.values()):
+                raise ConfigError(f"--mbr-prefilter-task-loss {cfg.mbr_prefilter_task_loss}: the pre-filter ranks the "
+                                  "candidates without a reference; this cost reads one")
         if cfg.mbr_aggregate and not self.qe:
             missing = not_aggregatable(self.scorer)
             if missing:
@@ -109,7 +117,8 @@ class MBRGenerator:
         self.reference_cfg = DecodeConfig(num_candidates=m, **sampling) if str(cfg.mbr_references) == "sample" else None
         self.schedule = [int(x) for x in str(cfg.mbr_prune_schedule).split(",") if x.strip()]
         self.output = open(cfg.mbr_output_file, "w", encoding="utf-8") if cfg.mbr_output_file else None
-        self.totals = {"sentences": 0, "evaluations": 0, "cost_seconds": 0.0, "decode_seconds": 0.0}
+        self.totals = {"sentences": 0, "evaluations": 0, "cost_seconds": 0.0, "decode_seconds": 0.0,
+                       "prefilter_seconds": 0.0}
         self._text_ready = False
         refs = ("none: the cost reads no reference (reranking by the cost)" if self.qe else
                 f"{m} samples" if self.reference_cfg is not None else "the candidates")
@@ -183,20 +192,30 @@ class MBRGenerator:
         candidates = self._candidates(sample, gen)
         references = (self._decode(sample, self.reference_cfg, gen) if self.reference_cfg is not None and not self.qe
                       else candidates)
-        decoded = time.perf_counter()
+        decoded, prefiltered = time.perf_counter(), self.totals["prefilter_seconds"]
         pad = self.dictionary.pad()
         sources = [utils.strip_pad(x, pad) for x in sample["net_input"]["src_tokens"]]
         chosen, records = [], []
         for b, rows in enumerate(candidates):
             hyps, counts, _ = _unique(rows)
             refs, ref_counts, ref_draws = _unique(references[b])
-            matrix = CostMatrix(self.scorer, hyps, refs, sources[b], device=sample["net_input"]["src_tokens"].device)
+            device = sample["net_input"]["src_tokens"].device
+            screened = None
+            if self.prefilter is not None:  # QE pre-filtering: the K best by the reference-free cost
+                started = time.perf_counter()
+                quality = CostMatrix(self.prefilter, hyps, [], sources[b], device=device).free
+                kept = sorted(torch.argsort(quality, stable=True)[:self.cfg.mbr_prefilter_k].tolist())
+                screened = (hyps, quality, kept)
+                hyps, counts = [hyps[i] for i in kept], [counts[i] for i in kept]
+                self.totals["prefilter_seconds"] += time.perf_counter() - started
+            matrix = CostMatrix(self.scorer, hyps, refs, sources[b], device=device)
             order, risk = self._risk(matrix, ref_counts, ref_draws, gen)
             chosen.append([hyps[i] for i in order[:self.nbest].tolist()])
             self.totals["evaluations"] += matrix.evaluations
             if self.output is not None:
-                records.append(self._record(int(sample["id"][b]), hyps, counts, refs, ref_counts, order, risk, matrix))
-        self.totals["cost_seconds"] += time.perf_counter() - decoded
+                records.append(self._record(int(sample["id"][b]), hyps, counts, refs, ref_counts, order, risk, matrix,
+                                            screened))
+        self.totals["cost_seconds"] += time.perf_counter() - decoded - (self.totals["prefilter_seconds"] - prefiltered)
         self.totals["decode_seconds"] += decoded - start
         out = self._hypotheses(sample, chosen)
         self._report(len(candidates), records)
@@ -225,7 +244,7 @@ class MBRGenerator:
             out.append(hypos)
         return out
 
-    def _record(self, sid, hyps, counts, refs, ref_counts, order, risk, matrix) -> Dict:
+    def _record(self, sid, hyps, counts, refs, ref_counts, order, risk, matrix, screened=None) -> Dict:
         post = self.scorer.post_process
 
         def text(t):
@@ -236,6 +255,10 @@ class MBRGenerator:
                   "order": order.tolist(), "evaluations": matrix.evaluations}
         if not self.qe:
             record.update(references=[text(r) for r in refs], reference_count=ref_counts)
+        if screened is not None:  # every distinct candidate, its pre-filter cost, the indices kept
+            every, quality, kept = screened
+            record["prefilter"] = {"candidates": [text(h) for h in every], "cost": [round(float(q), 6) for q in quality],
+                                   "kept": kept}
         if self.cfg.mbr_output_matrix:
             values = matrix.values + matrix.free[:, None] if matrix.needs_references else matrix.free[:, None]
             record["matrix"] = [[None if torch.isnan(v) else round(float(v), 6) for v in row] for row in values]
@@ -251,4 +274,6 @@ class MBRGenerator:
         if before // 500 != self.totals["sentences"] // 500:
             t = self.totals
             logger.info(f"MBR: {t['sentences']} sentences, {t['evaluations']} cost evaluations, "
-                        f"{t['decode_seconds']:.1f} s decoding, {t['cost_seconds']:.1f} s costs and choice")
+                        f"{t['decode_seconds']:.1f} s decoding, "
+                        + (f"{t['prefilter_seconds']:.1f} s pre-filter, " if self.prefilter is not None else "")
+                        + f"{t['cost_seconds']:.1f} s costs and choice")

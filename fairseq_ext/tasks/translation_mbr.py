@@ -73,6 +73,12 @@ class TranslationMBRConfig(TranslationConfig):
         "help": TASK_LOSS_HELP.format(what="the cost C whose expectation under the model is minimised (utility = "
                                            "1 - C); a cost that reads no reference reranks by itself (QE)"),
         "constraint": TASK_LOSS_SPEC})
+    mbr_prefilter_task_loss: Optional[str] = field(default=None, metadata={
+        "help": "QE pre-filtering: a reference-free cost (e.g. reverse(model=PATH), my_costs:Quality) that ranks the "
+                "distinct candidates; MBR then chooses among the --mbr-prefilter-k best of them, against every "
+                "pseudo-reference (default: no pre-filtering)", "constraint": TASK_LOSS_SPEC})
+    mbr_prefilter_k: Optional[int] = field(default=None, metadata={
+        "help": "with --mbr-prefilter-task-loss: how many candidates MBR keeps", "constraint": at_least(1)})
     mbr_post_process: str = field(default="auto", metadata={"help": POST_PROCESS_HELP})
     mbr_score_model: Optional[str] = field(default=None, metadata={
         "help": "checkpoint of the lm cost's scorer (default: the decoded model itself)"})
@@ -108,6 +114,8 @@ def check_mbr_options(cfg) -> None:
         raise ConfigError(f"--mbr-candidates-file is read only with --mbr-candidates file (got {kind})")
     if cfg.mbr_num_references is not None and str(cfg.mbr_references) != "sample":
         raise ConfigError("--mbr-num-references needs --mbr-references sample")
+    if (cfg.mbr_prefilter_task_loss is None) != (cfg.mbr_prefilter_k is None):
+        raise ConfigError("--mbr-prefilter-task-loss and --mbr-prefilter-k go together")
     if cfg.mbr_aggregate and cfg.mbr_prune_alpha is not None:
         raise ConfigError("--mbr-aggregate and --mbr-prune-alpha are two ways to cut the cost; choose one")
     if cfg.mbr_output_matrix and not cfg.mbr_output_file:
