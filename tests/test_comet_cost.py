@@ -133,3 +133,22 @@ def test_comet_without_the_package_is_one_line(toy_bin, tmp_path):
         "my_costs:MyCost=1,sbleu=0.5): 'comet': the unbabel-comet package is not installed "
         "(pip install unbabel-comet)"], proc.stderr[-2000:]
     assert not (tmp_path / "save").exists()
+
+
+def test_a_quality_estimation_model_is_a_reference_free_cost():
+    """A COMET model that says it reads no reference (CometKiwi's interface, the stand-in's "kiwi"):
+    the cost needs no reference, no reference reaches the model (the stand-in refuses a sample with
+    one), it has no aggregated form, and its values are 1 - the QE score by hand."""
+    sys.path.insert(0, STAND_INS)
+    try:
+        from fairseq_ext.core.text_costs import CometCost
+
+        qe, full = CometCost(model="tiny/cometkiwi"), CometCost(model="tiny/local-comet")
+        assert not qe.needs_reference and not qe.aggregatable and full.needs_reference
+        hyps, srcs = ["a b c", "a b c d e f g h i j k l"], ["x y z", "x y"]
+        costs = qe(hyps, None, srcs)
+        assert costs.tolist() == pytest.approx([1 - 1.0, 1 - 1 / (1 + 10 / 10)])
+        assert qe(hyps, ["refs", "ignored"], srcs).tolist() == costs.tolist()
+    finally:
+        sys.path.remove(STAND_INS)
+        sys.modules.pop("comet", None)

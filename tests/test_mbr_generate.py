@@ -5,6 +5,7 @@ from the printed texts with sacrebleu; the output read by the scoring script; sh
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 import sacrebleu
@@ -309,3 +310,27 @@ def test_qe_prefilter_keeps_the_k_best_then_mbr_chooses_among_them(toy_bin, chec
         assert sum(record["reference_count"]) == 8  # every pseudo-reference, also those filtered as candidates
         screened += len(pre["candidates"]) > 3
     assert screened >= 10
+
+
+def test_mbr_with_a_quality_estimation_comet_model_is_qe_reranking(toy_bin, checkpoint, tmp_path):
+    """--mbr-task-loss comet(model=...) with a quality-estimation model (the stand-in's CometKiwi):
+    QE reranking, one evaluation per distinct candidate (N, not N x N), no reference drawn or passed
+    to the model, each risk 1 - the QE score of the printed candidate and source (by hand)."""
+    sys.path.insert(0, STAND_INS)
+    try:
+        from comet import qe_score
+    finally:
+        sys.path.remove(STAND_INS)
+        sys.modules.pop("comet", None)
+    log = tmp_path / "comet.jsonl"
+    stdout, records = generate(toy_bin, checkpoint, tmp_path, "--mbr-task-loss", "comet(model=tiny/cometkiwi)",
+                               env={"PYTHONPATH": os.pathsep.join([REPO, STAND_INS]), "COMET_STAND_IN_LOG": str(log)},
+                               name="kiwi")
+    sources = {sid: lines[0] for sid, lines in __import__("fairseq_ext.evaluation.generate_output",
+                                                          fromlist=["parse"]).parse(stdout)["S"].items()}
+    for sid, record in records.items():
+        assert "references" not in record and record["evaluations"] == len(record["candidates"])
+        want = [1 - qe_score({"src": sources[sid], "mt": c}) for c in record["candidates"]]
+        assert record["risk"] == pytest.approx(want, abs=1e-5)
+    predicts = [json.loads(line) for line in log.read_text().splitlines() if '"predict"' in line]
+    assert predicts and all(set(s) == {"src", "mt"} for c in predicts for s in c["samples"])

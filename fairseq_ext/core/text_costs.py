@@ -69,7 +69,8 @@ class ChrfCost(_ScoreFromStats):
 @register_task_loss("comet")
 class CometCost(TaskLoss):
     """1 - COMET (Rei et al., 2020), a learned metric that reads the source, the hypothesis
-    and the reference, from the ``unbabel-comet`` package (``pip install unbabel-comet``);
+    and the reference (a quality-estimation model such as CometKiwi: the source and the hypothesis
+    only, and the cost is reference-free), from the ``unbabel-comet`` package (``pip install unbabel-comet``);
     batched on the training device, without gradients.
 
     model: a model of COMET's hub (downloaded by ``comet.download_model`` on first use and
@@ -104,12 +105,17 @@ class CometCost(TaskLoss):
         self.model_name = str(model)
         path = self.model_name if os.path.isfile(self.model_name) else comet.download_model(self.model_name)
         self.model = comet.load_from_checkpoint(path)
+        # a quality-estimation model (CometKiwi, wmt20-comet-qe-da) reads the source and the hypothesis only:
+        # the cost is then reference-free (MBR reranks by it, N evaluations a sentence)
+        referenceless = getattr(self.model, "is_referenceless", None)
+        self.needs_reference = not (callable(referenceless) and bool(referenceless()))
         self.batch_size = batch_size
         self.devices: Optional[list] = None  # None: COMET's predict on the CPU
         # reference aggregation needs a regression model's estimator over the sentence embeddings of
         # the source, the hypothesis and the reference (wmt22-comet-da and the other RegressionMetric models)
         estimate = getattr(self.model, "estimate", None)
-        self.aggregatable = (callable(estimate) and hasattr(self.model, "get_sentence_embedding")
+        self.aggregatable = (self.needs_reference and callable(estimate)
+                             and hasattr(self.model, "get_sentence_embedding")
                              and hasattr(getattr(self.model, "encoder", None), "prepare_sample")
                              and "ref_sentemb" in inspect.signature(estimate).parameters)
 
@@ -119,7 +125,10 @@ class CometCost(TaskLoss):
         self.model.eval()
 
     def batch_cost(self, hyps: list, refs: list, sources: Optional[list] = None, prepared=None) -> torch.Tensor:
-        data = [{"src": x, "mt": h, "ref": r} for h, r, x in zip(hyps, refs, sources)]
+        if self.needs_reference:
+            data = [{"src": x, "mt": h, "ref": r} for h, r, x in zip(hyps, refs, sources)]
+        else:  # no reference reaches a quality-estimation model
+            data = [{"src": x, "mt": h} for h, x in zip(hyps, sources)]
         gpus = {"gpus": 1, "devices": self.devices} if self.devices is not None else {"gpus": 0}
         out = self.model.predict(data, batch_size=len(data), progress_bar=False, **gpus)
         return 1.0 - torch.tensor([float(x) for x in out.scores], dtype=torch.float32)

@@ -10,7 +10,9 @@ hashed into BUCKETS counts (an EmbeddingBag with one-hot rows: a real torch forw
 estimate is overlap / (1 + |len(mt) - len(src)| / 10), where overlap is the share of the
 reference's words whose bucket occurs in the hypothesis (for a mean of reference
 embeddings: the mean counts, weighted alike). ``score`` computes the same rule for one
-sample in plain Python. Every call is appended to $COMET_STAND_IN_LOG as one JSON line: the
+sample in plain Python. A path naming "kiwi" loads a quality-estimation model (CometKiwi's
+interface: ``is_referenceless()`` True, samples of source and hypothesis only, a sample with a
+"ref" refused), whose score is 1 / (1 + |len(mt) - len(src)| / 10) (``qe_score``). Every call is appended to $COMET_STAND_IN_LOG as one JSON line: the
 model name or path it was given, and for ``predict`` the samples, batch size, device
 arguments and scores; for ``get_sentence_embedding`` the number of sentences."""
 import json
@@ -47,6 +49,11 @@ def score(sample):
     return overlap / (1 + abs(len(mt) - len(src)) / 10)
 
 
+def qe_score(sample):
+    """The stand-in QE model's score of one sample (source and hypothesis), in plain Python."""
+    return 1 / (1 + abs(len(sample["mt"].split()) - len(sample["src"].split())) / 10)
+
+
 class _Encoder:
     def prepare_sample(self, sample, word_level=False, annotations=None):
         ids = [[bucket(w) for w in s.split()] or [0] for s in sample]
@@ -78,6 +85,9 @@ class _Model(torch.nn.Module):
         batch = self.encoder.prepare_sample(texts)
         return self.get_sentence_embedding(**batch)
 
+    def is_referenceless(self):
+        return False
+
     def predict(self, samples, batch_size=16, gpus=1, progress_bar=True, devices=None, **kwargs):
         with torch.no_grad():
             out = self.estimate(*(self._embed([s[k] for s in samples]) for k in ("src", "mt", "ref")))
@@ -100,7 +110,33 @@ class _UnifiedModel(torch.nn.Module):
         return self.inner.predict(*args, **kwargs)
 
 
+class _QEModel(torch.nn.Module):
+    """Like CometKiwi: reads the source and the hypothesis, never a reference."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+        self.scale = torch.nn.Parameter(torch.ones(1), requires_grad=False)
+
+    def is_referenceless(self):
+        return True
+
+    def predict(self, samples, batch_size=16, gpus=1, progress_bar=True, devices=None, **kwargs):
+        if any(set(s) != {"src", "mt"} for s in samples):
+            raise ValueError(f"a quality-estimation model reads src and mt only, got {sorted(samples[0])}")
+        with torch.no_grad():
+            gap = torch.tensor([abs(len(s["mt"].split()) - len(s["src"].split())) for s in samples], dtype=torch.float)
+            scores = (self.scale / (1 + gap / 10)).tolist()
+        _log({"call": "predict", "path": self.path, "n": len(samples), "batch_size": batch_size, "gpus": gpus,
+              "devices": devices, "training": self.training, "grad": torch.is_grad_enabled(),
+              "samples": samples, "scores": scores})
+        return types.SimpleNamespace(scores=scores, system_score=sum(scores) / max(len(scores), 1))
+
+
 def load_from_checkpoint(checkpoint_path, **kwargs):
-    """A path naming "xcomet" loads a model without an estimator (as COMET's unified models)."""
+    """A path naming "xcomet" loads a model without an estimator (as COMET's unified models), one
+    naming "kiwi" a quality-estimation model."""
     _log({"call": "load_from_checkpoint", "path": checkpoint_path})
+    if "kiwi" in checkpoint_path:
+        return _QEModel(checkpoint_path)
     return (_UnifiedModel if "xcomet" in checkpoint_path else _Model)(checkpoint_path)
