@@ -68,6 +68,9 @@ def test_the_printed_choice_is_the_least_expected_cost_of_the_printed_matrix(toy
         assert record["risk"] == pytest.approx(risks, abs=1e-6)
         several += len(record["candidates"]) > 1
     assert several >= 10  # the samples differ: a real choice in most sentences
+    for record in records.values():  # each stage's time; no pre-filter here
+        assert record["seconds"]["prefilter"] == 0 and record["seconds"]["sampling"] > 0
+        assert record["seconds"]["utility"] > 0 and record["seconds"]["selection"] >= 0
     (tmp_path / "out.txt").write_text(stdout)
     score = run_cli(["python", "scripts/score/score.py", str(tmp_path / "out.txt")]).stdout
     assert "BLEU" in score
@@ -309,6 +312,9 @@ def test_qe_prefilter_keeps_the_k_best_then_mbr_chooses_among_them(toy_bin, chec
         assert chosen[sid] == record["candidates"][min(range(len(risks)), key=lambda i: (round(risks[i], 9), i))]
         assert sum(record["reference_count"]) == 8  # every pseudo-reference, also those filtered as candidates
         screened += len(pre["candidates"]) > 3
+        seconds = record["seconds"]  # each stage's time for this sentence
+        assert set(seconds) == {"sampling", "prefilter", "utility", "selection"}
+        assert all(v >= 0 for v in seconds.values()) and seconds["prefilter"] > 0 and seconds["utility"] > 0
     assert screened >= 10
 
 

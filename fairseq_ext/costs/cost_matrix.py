@@ -8,6 +8,7 @@ for columns block by block, never computes one twice. A cost that reads no refer
 (a quality estimator, ``lm``) is one value per candidate, the same in every column.
 """
 import math
+import time
 from typing import List, Optional, Sequence
 
 import torch
@@ -59,6 +60,7 @@ class CostMatrix:
 
     def __init__(self, scorer: BatchScorer, hyps: Sequence[Tensor], refs: Sequence[Tensor],
                  source: Optional[Tensor] = None, device=None):
+        start = time.perf_counter()
         device = device if device is not None else (hyps[0].device if len(hyps) else torch.device("cpu"))
         self.num_hyps, self.num_refs = len(hyps), len(refs)
         self.parts = [_Part(w, scorer.costs[name], hyps, refs, source, device) for name, w in scorer.weights.items()]
@@ -69,6 +71,7 @@ class CostMatrix:
                 self.free += part.weight * part.alone().double()
                 self.evaluations += self.num_hyps
         self.values = torch.full((self.num_hyps, self.num_refs), math.nan, dtype=torch.float64)
+        self.seconds = time.perf_counter() - start  # spent computing costs (conversions included)
 
     @property
     def needs_references(self) -> bool:
@@ -81,6 +84,7 @@ class CostMatrix:
         sub = self.values[rows[:, None], cols[None, :]]
         missing = sub.isnan().nonzero()
         if missing.numel():
+            start = time.perf_counter()
             r, c = rows[missing[:, 0]].tolist(), cols[missing[:, 1]].tolist()
             total = torch.zeros(len(r), dtype=torch.float64)
             for part in self.parts:
@@ -89,6 +93,7 @@ class CostMatrix:
                     self.evaluations += len(r)
             self.values[r, c] = total
             sub = self.values[rows[:, None], cols[None, :]]
+            self.seconds += time.perf_counter() - start
         return sub + self.free[rows][:, None]
 
     def full(self) -> Tensor:
@@ -98,12 +103,14 @@ class CostMatrix:
     def aggregated(self, weights: Optional[Sequence[float]] = None) -> Tensor:
         """Costs (H,) of every candidate against the aggregate of the references (weights:
         one per reference, None: uniform; ``TaskLoss.aggregated_cost``)."""
+        start = time.perf_counter()
         total = self.free.clone()
         for part in self.parts:
             if part.uses_refs:
                 costs = part.cost.loss.aggregated_cost(part.hyps, part.refs, weights, part.source)
                 total += part.weight * torch.as_tensor(costs).double()
                 self.evaluations += self.num_hyps
+        self.seconds += time.perf_counter() - start
         return total
 
 

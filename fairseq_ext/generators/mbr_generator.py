@@ -118,7 +118,7 @@ class MBRGenerator:
         self.schedule = [int(x) for x in str(cfg.mbr_prune_schedule).split(",") if x.strip()]
         self.output = open(cfg.mbr_output_file, "w", encoding="utf-8") if cfg.mbr_output_file else None
         self.totals = {"sentences": 0, "evaluations": 0, "cost_seconds": 0.0, "decode_seconds": 0.0,
-                       "prefilter_seconds": 0.0}
+                       "prefilter_seconds": 0.0, "utility_seconds": 0.0}
         self._text_ready = False
         refs = ("none: the cost reads no reference (reranking by the cost)" if self.qe else
                 f"{m} samples" if self.reference_cfg is not None else "the candidates")
@@ -205,16 +205,21 @@ class MBRGenerator:
                 started = time.perf_counter()
                 quality = CostMatrix(self.prefilter, hyps, [], sources[b], device=device).free
                 kept = sorted(torch.argsort(quality, stable=True)[:self.cfg.mbr_prefilter_k].tolist())
-                screened = (hyps, quality, kept)
+                screened = (hyps, quality, kept, time.perf_counter() - started)
                 hyps, counts = [hyps[i] for i in kept], [counts[i] for i in kept]
-                self.totals["prefilter_seconds"] += time.perf_counter() - started
+                self.totals["prefilter_seconds"] += screened[3]
+            started = time.perf_counter()
             matrix = CostMatrix(self.scorer, hyps, refs, sources[b], device=device)
             order, risk = self._risk(matrix, ref_counts, ref_draws, gen)
+            seconds = {"sampling": (decoded - start) / len(candidates),  # the batch's decoding, shared alike
+                       "prefilter": screened[3] if screened is not None else 0.0, "utility": matrix.seconds,
+                       "selection": time.perf_counter() - started - matrix.seconds}
+            self.totals["utility_seconds"] += seconds["utility"]
             chosen.append([hyps[i] for i in order[:self.nbest].tolist()])
             self.totals["evaluations"] += matrix.evaluations
             if self.output is not None:
                 records.append(self._record(int(sample["id"][b]), hyps, counts, refs, ref_counts, order, risk, matrix,
-                                            screened))
+                                            screened, seconds))
         self.totals["cost_seconds"] += time.perf_counter() - decoded - (self.totals["prefilter_seconds"] - prefiltered)
         self.totals["decode_seconds"] += decoded - start
         out = self._hypotheses(sample, chosen)
@@ -244,7 +249,7 @@ class MBRGenerator:
             out.append(hypos)
         return out
 
-    def _record(self, sid, hyps, counts, refs, ref_counts, order, risk, matrix, screened=None) -> Dict:
+    def _record(self, sid, hyps, counts, refs, ref_counts, order, risk, matrix, screened=None, seconds=None) -> Dict:
         post = self.scorer.post_process
 
         def text(t):
@@ -256,9 +261,11 @@ class MBRGenerator:
         if not self.qe:
             record.update(references=[text(r) for r in refs], reference_count=ref_counts)
         if screened is not None:  # every distinct candidate, its pre-filter cost, the indices kept
-            every, quality, kept = screened
+            every, quality, kept, _ = screened
             record["prefilter"] = {"candidates": [text(h) for h in every], "cost": [round(float(q), 6) for q in quality],
                                    "kept": kept}
+        if seconds is not None:  # this sentence's time in each stage (sampling: its share of the batch's)
+            record["seconds"] = {k: round(v, 6) for k, v in seconds.items()}
         if self.cfg.mbr_output_matrix:
             values = matrix.values + matrix.free[:, None] if matrix.needs_references else matrix.free[:, None]
             record["matrix"] = [[None if torch.isnan(v) else round(float(v), 6) for v in row] for row in values]
@@ -276,4 +283,5 @@ class MBRGenerator:
             logger.info(f"MBR: {t['sentences']} sentences, {t['evaluations']} cost evaluations, "
                         f"{t['decode_seconds']:.1f} s decoding, "
                         + (f"{t['prefilter_seconds']:.1f} s pre-filter, " if self.prefilter is not None else "")
-                        + f"{t['cost_seconds']:.1f} s costs and choice")
+                        + f"{t['utility_seconds']:.1f} s utility, "
+                        f"{t['cost_seconds'] - t['utility_seconds']:.1f} s selection")
