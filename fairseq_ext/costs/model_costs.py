@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from fairseq_ext.core.task_losses import TaskLoss, register_task_loss
+from fairseq_ext.scoring.teacher_forced import source_batch, token_log_probs
 
 
 class CheckpointScorer:
@@ -63,24 +64,19 @@ class CheckpointScorer:
 
     def token_log_probs(self, targets: Sequence[Tensor], sources: Optional[Sequence[Tensor]] = None) -> List[Tensor]:
         """Per pair, log p(target_t | target_<t, source) of every target token (EOS included),
-        teacher-forced in one forward (a language model: ``sources`` None)."""
-        from fairseq.data import data_utils
-
-        d = self.target_dictionary
-        pad, eos, device = d.pad(), d.eos(), self.device
+        teacher-forced in one forward (``scoring.teacher_forced``; a language model: ``sources``
+        None, the targets continue nothing)."""
+        d, device = self.target_dictionary, self.device
         targets = [t.to(device) for t in targets]
-        target = data_utils.collate_tokens(targets, pad, eos, left_pad=False)
-        prev = data_utils.collate_tokens(targets, pad, eos, left_pad=False, move_eos_to_beginning=True)
         if self.encoder_decoder:
-            sources = [x.to(device) for x in sources]
-            src = data_utils.collate_tokens(sources, self.source_dictionary.pad(), eos, left_pad=self.left_pad_source)
-            lengths = torch.tensor([len(x) for x in sources], device=device)
-            out = self.model(src, lengths, prev)
+            sample, index = source_batch([x.to(device) for x in sources], self.source_dictionary.pad(), d.eos(),
+                                         left_pad=self.left_pad_source)
+            lprobs = token_log_probs(self.model, sample, targets, index)
         else:
-            out = self.model(prev)
-        lprobs = self.model.get_normalized_probs(out, log_probs=True).float()
-        picked = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-        return [row[: len(t)] for row, t in zip(picked, targets)]
+            empty = torch.zeros(len(targets), 0, dtype=torch.long, device=device)
+            lprobs = token_log_probs(self.model, {"net_input": {"src_tokens": empty}}, targets,
+                                     torch.arange(len(targets), device=device), prefix_tokens=empty)
+        return [row[: len(t)].float() for row, t in zip(lprobs, targets)]
 
 
 class _ModelCost(TaskLoss):

@@ -28,7 +28,7 @@ from torch import Tensor
 from fairseq_ext.runtime.cli import ConfigError
 from fairseq_ext.core.subwords import SUBWORD_MARKS, detect_subword_scheme
 from fairseq_ext.core.task_losses import CostTerm, TaskLoss, parse_task_loss_spec, register_task_loss
-from fairseq_ext.scoring.teacher_forced import sequence_log_probs
+from fairseq_ext.scoring.teacher_forced import sequence_log_probs, source_batch
 
 logger = logging.getLogger(__name__)
 
@@ -162,17 +162,7 @@ class LMScorerCost(TaskLoss):
         sources = [x.to(device) for x in sources]
         index = torch.arange(len(hyps), device=device)
         if getattr(self.scorer, "encoder", None) is not None:
-            # each distinct source encoded once, the longest first (fairseq's LSTM encoder packs its batch
-            # and needs the lengths in decreasing order, as fairseq's batches have them)
-            distinct = {}
-            for x in sources:
-                distinct.setdefault(tuple(x.tolist()), x)
-            order = sorted(distinct, key=len, reverse=True)
-            row = {key: i for i, key in enumerate(order)}
-            index = torch.tensor([row[tuple(x.tolist())] for x in sources], device=device)
-            unique = [distinct[key] for key in order]
-            src = data_utils.collate_tokens(unique, pad, eos, left_pad=self.left_pad_source)
-            sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([len(x) for x in unique], device=device)}}
+            sample, index = source_batch(sources, pad, eos, left_pad=self.left_pad_source)
             lp = sequence_log_probs(self.scorer, sample, hyps, index)
         else:
             prefixes = data_utils.collate_tokens(sources, pad, eos, left_pad=False)

@@ -1,7 +1,7 @@
 """Teacher-forced scoring of given hypotheses under a fairseq model: log p(y | x) of
 every row in one forward, differentiable (MRT's and PG's candidates and references, the
 ``lm`` cost's continuations)."""
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from fairseq.data import data_utils
@@ -28,6 +28,23 @@ def _padded(hyps, pad: int, device) -> Tensor:
     else:  # collate_tokens pads on the right already
         tokens = (data_utils.collate_tokens(hyps, pad) if len(hyps) else torch.zeros(0, 0, dtype=torch.long)).to(device)
     return tokens if tokens.size(1) > 0 else tokens.new_full((tokens.size(0), 1), pad)
+
+
+def source_batch(sources: List[Tensor], pad: int, eos: int, left_pad: bool = True) -> Tuple[Dict, Tensor]:
+    """(a batch of the distinct ``sources`` (1-D id tensors), the row of each source in it): what
+    ``token_log_probs`` reads as ``sample`` and ``source_index``. Each distinct source is encoded
+    once, the longest first (fairseq's LSTM encoder packs its batch and needs the lengths in
+    decreasing order, as fairseq's batches have them)."""
+    distinct: Dict[tuple, Tensor] = {}
+    for x in sources:
+        distinct.setdefault(tuple(x.tolist()), x)
+    order = sorted(distinct, key=len, reverse=True)
+    row = {key: i for i, key in enumerate(order)}
+    unique = [distinct[key] for key in order]
+    device = sources[0].device if sources else torch.device("cpu")
+    sample = {"net_input": {"src_tokens": data_utils.collate_tokens(unique, pad, eos, left_pad=left_pad),
+                            "src_lengths": torch.tensor([len(x) for x in unique], device=device)}}
+    return sample, torch.tensor([row[tuple(x.tolist())] for x in sources], device=device)
 
 
 def sequence_log_probs(
