@@ -172,7 +172,6 @@ class MGSCriterion(FairseqCriterion):
         self.seed = seed
         self.clock = TrainingClock(task)
         self._update_key = (None, 0)
-        self._terms = {}  # the cost terms' sums of the last _pooled_cost (theta's, in the one-by-one evaluation)
 
     def configure_from_training(self, cfg) -> None:
         """The text costs detokenize as the data does (``BatchScorer.configure_text``)."""
@@ -194,12 +193,11 @@ class MGSCriterion(FairseqCriterion):
 
     def _pooled_cost(self, model, sample, cfg, generator=None):
         """(C(theta) = mean per-sequence task loss, pooled over workers; the candidates; the
-        batch as the decoder saw it)."""
+        batch as the decoder saw it; the cost terms' sums, ``term_sums``)."""
         decoded = decode_batch(model, sample, cfg, generator)
         cand, batch = decoded.candidates, decoded.batch
         total, per_term = self.scorer.score(cand.as_list(), cand.source_index, batch)
-        self._terms = term_sums(per_term, self.scorer.log_names)
-        return pooled_mean(total), cand, batch
+        return pooled_mean(total), cand, batch, term_sums(per_term, self.scorer.log_names)
 
     def _nll(self, module, sample):
         """(the summed token NLL of the references, the targets), teacher-forced."""
@@ -267,7 +265,7 @@ class MGSCriterion(FairseqCriterion):
         for k in range(self.proposal.num_candidates):
             with search.perturbed(k) as info:
                 gen = self._sampling_generator(device, search.seed)
-                ck, _, _ = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
+                ck = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)[0]
             costs.append(float(ck))
             log_qs.append(info["log_q"])
             norms.append(info["norm"])
@@ -284,8 +282,8 @@ class MGSCriterion(FairseqCriterion):
         batched = self._batched_for(module)
         if not batched:
             gen = self._sampling_generator(device, seed)
-            c0, cand0, batch0 = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
-            c0, shape = float(c0), {**candidate_shape(cand0, batch0, self.task.target_dictionary), **self._terms}
+            c0, cand0, batch0, terms = self._pooled_cost(module, sample, self.decode_cfg, generator=gen)
+            c0, shape = float(c0), {**candidate_shape(cand0, batch0, self.task.target_dictionary), **terms}
         params, grads, nll_sum, ntokens = self._mle_gradient(module, sample)
         grad_norm = clip_grad_([grads], self.mle_clip)
 
